@@ -1,0 +1,106 @@
+"""The `phalanx` command: a thin argparse router. No torch import at module level."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from phalanx.env import FIELDS, LAUNCHERS, detect
+from phalanx.errors import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as ONE line and exit code 2, instead of argparse's usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
+    run = sub.add_parser(
+        "run",
+        help="start N processes per node through torchrun (c10d rendezvous across nodes)",
+        description="Start the script on N local processes (torch.distributed.run underneath). "
+        "Under 'srun --ntasks-per-node=1' the multi-node flags are filled in from SLURM.",
+    )
+    run.add_argument("-n", "--nproc-per-node", type=int, required=True, metavar="N",
+                     help="processes on this node (one per GPU)")
+    run.add_argument("--nnodes", type=int, default=1, metavar="M", help="number of nodes")
+    run.add_argument("--node-rank", type=int, default=None, metavar="K",
+                     help="this node's index; node 0 hosts the rendezvous")
+    run.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                     help="rendezvous on the first node (needed with --nnodes > 1)")
+    run.add_argument("--rdzv-id", default="phalanx", help="id shared by all nodes of one job")
+    run.add_argument("--max-restarts", type=int, default=0, help="elastic restarts on failure")
+    run.add_argument("--no-slurm", action="store_true", help="ignore SLURM variables")
+    run.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module")
+    run.add_argument("script", help="training script (or module with -m)")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def _add_info(sub: argparse._SubParsersAction[_Parser]) -> None:
+    info = sub.add_parser(
+        "info",
+        help="print the environment this process detects (rank, nodes, launcher...)",
+        description="Print the detected environment of this process. Fields: " + ", ".join(FIELDS),
+    )
+    info.add_argument("--json", action="store_true", help="one JSON object (stable field names)")
+    info.add_argument("--launcher", default="auto", choices=("auto", *LAUNCHERS),
+                      help="force a launcher instead of detecting it")
+    info.add_argument("--no-slurm", action="store_true", help="ignore SLURM variables")
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(
+        prog="phalanx",
+        description="Distributed PyTorch training on SLURM clusters and multi-GPU machines.",
+    )
+    parser.add_argument("--version", action="version", version="phalanx 0.1.0")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=_Parser)
+    _add_run(sub)
+    _add_info(sub)
+    return parser
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from phalanx.launch.local import RunSpec, exec_torchrun, plan_run
+
+    spec = RunSpec(
+        nproc_per_node=args.nproc_per_node,
+        script=args.script,
+        script_args=tuple(args.args),
+        module=args.module,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_id=args.rdzv_id,
+        max_restarts=args.max_restarts,
+    )
+    exec_torchrun(plan_run(spec, os.environ, slurm=not args.no_slurm))
+    return 0  # not reached: exec_torchrun replaces the process
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    env = detect(launcher=args.launcher, slurm=not args.no_slurm)
+    if args.json:
+        print(json.dumps(env.as_dict()))
+    else:
+        for name, value in env.as_dict().items():
+            print(f"{name:>16}: {value}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `phalanx` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    handlers = {"run": _cmd_run, "info": _cmd_info}
+    try:
+        return handlers[args.command](args)
+    except UsageError as error:
+        print(f"phalanx {args.command}: error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,95 @@
+"""MPI launchers (OpenMPI's mpirun, MPICH/Hydra, Intel MPI): the Horovod launch model.
+
+MPI exports ranks but no rendezvous address. With mpi4py installed, every rank shares its host
+name through MPI (exact node layout, rank 0's host and a free port of it); without it,
+MASTER_ADDR must be exported to all ranks and nodes are assumed to be filled block-wise.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Mapping
+
+from phalanx.env.cluster_env import ClusterEnv, read_int, read_port
+from phalanx.errors import UsageError
+
+Exchange = Callable[[], "tuple[list[str], int] | None"]
+"""Returns (host name of every rank, in rank order; a free port on rank 0), or None without MPI."""
+
+_OPENMPI = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_SIZE")
+# Hydra and Intel MPI. PMI_RANK alone is not enough: srun --mpi=pmi2 sets it for plain SLURM tasks.
+_HYDRA = ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+
+
+def is_mpi(environ: Mapping[str, str]) -> bool:
+    """A rank started by mpirun/mpiexec of OpenMPI, MPICH (Hydra) or Intel MPI."""
+    return any(all(name in environ for name in names) for names in (_OPENMPI, _HYDRA))
+
+
+def mpi4py_exchange() -> tuple[list[str], int] | None:
+    """All-gather host names and broadcast a free port of rank 0; None if mpi4py is missing.
+
+    Collective: every rank of the MPI job must call it (detect() does, on every rank).
+    """
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    comm = MPI.COMM_WORLD
+    hosts = comm.allgather(socket.gethostname())
+    port = 0
+    if comm.Get_rank() == 0:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+    return hosts, comm.bcast(port, root=0)
+
+
+def _counts(environ: Mapping[str, str]) -> tuple[int, int, int, int]:
+    names = _OPENMPI if all(name in environ for name in _OPENMPI) else _HYDRA
+    return tuple(read_int(environ, name, launcher="mpi") for name in names)  # type: ignore[return-value]
+
+
+def from_mpi(environ: Mapping[str, str], exchange: Exchange = mpi4py_exchange) -> ClusterEnv:
+    """Geometry of this MPI rank; rendezvous from MASTER_ADDR or through mpi4py."""
+    rank, world_size, local_rank, local_world_size = _counts(environ)
+    shared = exchange()
+    if shared is not None:
+        hosts, port = shared
+        if len(hosts) != world_size:
+            raise UsageError(
+                f"the launcher reports {world_size} MPI ranks but mpi4py sees {len(hosts)}; "
+                "mpi4py is built against another MPI than mpirun: reinstall it with that MPI "
+                "(pip install --no-binary mpi4py mpi4py) or uninstall it and export MASTER_ADDR"
+            )
+        nodes = list(dict.fromkeys(hosts))
+        node_rank, num_nodes = nodes.index(hosts[rank]), len(nodes)
+        master_addr = environ.get("MASTER_ADDR") or hosts[0]
+    else:
+        master_addr = environ.get("MASTER_ADDR", "")
+        if not master_addr:
+            raise UsageError(
+                "under mpirun phalanx needs rank 0's host: pip install mpi4py (phalanx then shares "
+                "it through MPI), or export MASTER_ADDR=<host of rank 0> (mpirun -x MASTER_ADDR)"
+            )
+        if local_world_size < 1 or world_size % local_world_size:
+            raise UsageError(
+                f"{world_size} MPI ranks do not fill nodes of {local_world_size} evenly; "
+                "pip install mpi4py so phalanx can read the real layout"
+            )
+        port = 29500
+        node_rank, num_nodes = rank // local_world_size, world_size // local_world_size
+    return ClusterEnv(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=master_addr,
+        master_port=read_port(environ, default=port),
+        launcher="mpi",
+        job_id=environ.get("SLURM_JOB_ID") or environ.get("OMPI_MCA_ess_base_jobid")
+        or environ.get("PMI_JOBID"),
+    )
