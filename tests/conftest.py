@@ -1,0 +1,83 @@
+"""Test-session rules for every layer.
+
+- Markers pure / dist / cluster / gpu are the test layers (ARCHITECTURE.md); each layer has a
+  time budget that fails the session when exceeded, so CI stays well under its limit.
+- `need(service, reason)`: skip when a service is missing, but FAIL under CI=true, where .ci/run
+  must have installed and started everything.
+- Tests may not leak environment variables (they would fake a launcher for later tests).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import defaultdict
+from collections.abc import Iterator
+
+import pytest
+
+LAYER_BUDGET_S = {"pure": 60.0, "dist": 600.0, "cluster": 900.0, "gpu": 600.0}
+_spent: dict[str, float] = defaultdict(float)
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def need(ok: bool, what: str) -> None:
+    """Skip locally when `what` is missing; in CI a missing service is a failure."""
+    if ok:
+        return
+    if in_ci():
+        pytest.fail(f"CI=true but {what} is missing: .ci/run must install/start it")
+    pytest.skip(f"{what} is missing")
+
+
+def need_command(*names: str) -> None:
+    missing = [n for n in names if shutil.which(n) is None]
+    need(not missing, f"command(s) {', '.join(missing)}")
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ() -> Iterator[None]:
+    before = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    yield
+    now = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    leaked = set(now) ^ set(before)
+    changed = {k for k in set(now) & set(before) if now[k] != before[k]}
+    for key in leaked | changed:
+        if key in before:
+            os.environ[key] = before[key]
+        else:
+            del os.environ[key]
+    assert not (leaked | changed), f"test leaked environment variables: {sorted(leaked | changed)}"
+
+
+def _layer(item: pytest.Item) -> str:
+    for name in LAYER_BUDGET_S:
+        if item.get_closest_marker(name):
+            return name
+    return "pure"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not any(item.get_closest_marker(name) for name in LAYER_BUDGET_S):
+            item.add_marker(pytest.mark.pure)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    layer = next((k for k in LAYER_BUDGET_S if k in report.keywords), "pure")
+    _spent[layer] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    over = []
+    for layer, spent in sorted(_spent.items()):
+        budget = LAYER_BUDGET_S[layer]
+        terminalreporter.write_line(f"layer {layer}: {spent:.1f} s of {budget:.0f} s budget")
+        if spent > budget:
+            over.append(layer)
+    if over:
+        terminalreporter.write_line(f"OVER BUDGET: {', '.join(over)}", red=True)
+        terminalreporter._session.exitstatus = pytest.ExitCode.TESTS_FAILED  # type: ignore[attr-defined]
