@@ -1,0 +1,39 @@
+# Two entry points for a fresh machine (README): `make demo` and `make test`.
+# Everything else is a step they depend on.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU wheel on CI machines; GPU machines bring their own torch (>= 2.11, see pyproject.toml).
+TORCH ?= torch==2.13.0
+# Real launchers and schedulers for the test suite (Debian package names).
+APT_PKGS := slurm-wlm munge openmpi-bin libopenmpi-dev iproute2 util-linux procps
+
+.PHONY: demo test lint setup system-deps
+
+demo: setup
+	OMP_NUM_THREADS=1 $(VENV)/bin/phalanx run -n 2 -m phalanx.demo
+
+test: system-deps setup lint
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+# Installs what is missing when run as root; otherwise says what is missing (those tests skip,
+# or fail under CI=true).
+system-deps:
+	@missing=$$(for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	else echo "missing system packages:" $$missing "(install them as root)"; fi
