@@ -9,42 +9,43 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from phalanx.config import Config, DistConfig, RunConfig
 from phalanx.env import ClusterEnv, detect
 from phalanx.errors import UsageError
+from phalanx.rundir import RunDir, parse_config
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    name: "phalanx.dist"
-    for name in (
-        "Dist",
-        "DistConfig",
-        "all_gather_object",
-        "all_reduce_scalars",
-        "barrier",
-        "broadcast_object",
-        "distributed",
-        "gather_object",
-        "init",
-        "main_process_first",
-        "shutdown",
-    )
+    **{
+        name: "phalanx.dist"
+        for name in (
+            "Dist",
+            "all_gather_object",
+            "all_reduce_scalars",
+            "barrier",
+            "broadcast_object",
+            "gather_object",
+            "main_process_first",
+            "shutdown",
+        )
+    },
+    "init": "phalanx.session",
+    "distributed": "phalanx.session",
 }
 
 if TYPE_CHECKING:
     from phalanx.dist import (
         Dist,
-        DistConfig,
         all_gather_object,
         all_reduce_scalars,
         barrier,
         broadcast_object,
-        distributed,
         gather_object,
-        init,
         main_process_first,
         shutdown,
     )
+    from phalanx.session import distributed, init
 
 
 def __getattr__(name: str) -> Any:
@@ -53,4 +54,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'phalanx' has no attribute {name!r}")
 
 
-__all__ = ["ClusterEnv", "UsageError", "__version__", "detect", *sorted(_LAZY)]
+__all__ = [
+    "ClusterEnv",
+    "Config",
+    "DistConfig",
+    "RunConfig",
+    "RunDir",
+    "UsageError",
+    "__version__",
+    "detect",
+    "parse_config",
+    *sorted(_LAZY),
+]

@@ -68,7 +68,7 @@ def build_parser() -> _Parser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from phalanx.launch.local import RunSpec, exec_torchrun, plan_run
+    from phalanx.launch.local import RunSpec, exec_torchrun, plan_run, resolve_config
 
     spec = RunSpec(
         nproc_per_node=args.nproc_per_node,
@@ -81,7 +81,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         rdzv_id=args.rdzv_id,
         max_restarts=args.max_restarts,
     )
-    exec_torchrun(plan_run(spec, os.environ, slurm=not args.no_slurm))
+    exec_torchrun(resolve_config(plan_run(spec, os.environ, slurm=not args.no_slurm)))
     return 0  # not reached: exec_torchrun replaces the process
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from tests.support.reap import descendants, kill_and_wait
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -29,7 +32,11 @@ def run(
     cmd: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `cmd` in its own process group; on timeout kill the whole group, then fail."""
+    """Run `cmd` in its own process group; on timeout kill it and all its descendants, then fail.
+
+    Descendants are collected before the kill: torchrun puts each worker in a new session and
+    OpenMPI each rank in its own group, so killing the group alone would leave them running.
+    """
     proc = subprocess.Popen(
         list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(env) if env is not None else base_env(), cwd=cwd, start_new_session=True,
@@ -37,14 +44,12 @@ def run(
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_and_wait([proc.pid, *descendants(proc.pid)])
         out, err = proc.communicate()
         raise AssertionError(
             f"{' '.join(cmd)} timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err}"
         ) from None
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

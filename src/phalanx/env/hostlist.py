@@ -10,11 +10,11 @@ import re
 
 from phalanx.errors import UsageError
 
-_TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+_TASKS_ITEM = re.compile(r"^(\d+)(?:\(x([1-9]\d*)\))?$")
 
 
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas that are not inside brackets: 'a[1,3],b2' -> ['a[1,3]', 'b2']."""
+def _split_top_level(text: str, separators: str = ",") -> list[str]:
+    """Split on separators that are not inside brackets: 'a[1,3],b2' -> ['a[1,3]', 'b2']."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch == "[":
@@ -23,7 +23,7 @@ def _split_top_level(text: str) -> list[str]:
             depth -= 1
             if depth < 0:
                 raise UsageError(f"host list {text!r} has an unmatched ']'")
-        elif ch == "," and depth == 0:
+        elif ch in separators and depth == 0:
             parts.append(text[start:i])
             start = i + 1
     if depth != 0:
@@ -45,21 +45,39 @@ def _expand_range(item: str, text: str) -> list[str]:
     return [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
 
 
-def _expand_one(host: str, text: str) -> list[str]:
-    """Expand one comma-free pattern; several bracket groups form a cartesian product."""
-    open_at = host.find("[")
-    if open_at < 0:
-        return [host]
-    close_at = host.index("]", open_at)
-    prefix, body, rest = host[:open_at], host[open_at + 1 : close_at], host[close_at + 1 :]
+def _expand_body(body: str, text: str) -> list[str]:
+    """'1-2,7' -> ['1', '2', '7']."""
     if not body:
         raise UsageError(f"host list {text!r} has an empty range '[]'")
-    suffixes = _expand_one(rest, text)
+    return [value for item in body.split(",") for value in _expand_range(item, text)]
+
+
+def _expand_one(host: str, text: str) -> list[str]:
+    """Expand one separator-free pattern; several bracket groups form a cartesian product.
+
+    The order is scontrol's: the last group varies fastest and the groups before it are outer
+    loops taken from the right ('a[1-2]b[1-2]c[1-2]' -> a1b1c1 a1b1c2 a2b1c1 a2b1c2 a1b2c1 ...).
+    """
+    close_at = host.rfind("]")
+    if close_at < 0:
+        return [host]
+    open_at = host.rindex("[", 0, close_at)
+    suffix = host[close_at + 1 :]
+    tails = [value + suffix for value in _expand_body(host[open_at + 1 : close_at], text)]
+    return _expand_prefix(host[:open_at], tails, text)
+
+
+def _expand_prefix(prefix: str, tails: list[str], text: str) -> list[str]:
+    """Each bracket group of `prefix`, from the right, is an outer loop around `tails`."""
+    close_at = prefix.rfind("]")
+    if close_at < 0:
+        return [prefix + tail for tail in tails]
+    open_at = prefix.rindex("[", 0, close_at)
+    middle = prefix[close_at + 1 :]
     return [
-        prefix + value + suffix
-        for item in body.split(",")
-        for value in _expand_range(item, text)
-        for suffix in suffixes
+        host
+        for value in _expand_body(prefix[open_at + 1 : close_at], text)
+        for host in _expand_prefix(prefix[:open_at], [value + middle + t for t in tails], text)
     ]
 
 
@@ -70,9 +88,12 @@ def expand_hostlist(text: str) -> list[str]:
         raise UsageError("host list is empty; expected e.g. 'node[01-04]'")
     hosts: list[str] = []
     for part in _split_top_level(text):
-        if not part:
+        if not part.strip():
             raise UsageError(f"host list {text!r} has an empty entry between commas")
-        hosts.extend(_expand_one(part, text))
+        # SLURM separates entries by whitespace too ('n[1-2], m3' is n1 n2 m3).
+        for word in _split_top_level(part, " \t\n"):
+            if word:
+                hosts.extend(_expand_one(word, text))
     return hosts
 
 

@@ -11,6 +11,7 @@ import socket
 from collections.abc import Callable, Mapping
 
 from phalanx.env.cluster_env import ClusterEnv, read_int, read_port
+from phalanx.env.slurm import derive_port
 from phalanx.errors import UsageError
 
 Exchange = Callable[[], "tuple[list[str], int] | None"]
@@ -78,7 +79,9 @@ def from_mpi(environ: Mapping[str, str], exchange: Exchange = mpi4py_exchange) -
                 f"{world_size} MPI ranks do not fill nodes of {local_world_size} evenly; "
                 "pip install mpi4py so phalanx can read the real layout"
             )
-        port = 29500
+        # Derived from the MPI job id so two jobs on one node do not share a port.
+        job = environ.get("OMPI_MCA_ess_base_jobid") or environ.get("PMI_JOBID") or ""
+        port = derive_port(job, "0") if job else 29500
         node_rank, num_nodes = rank // local_world_size, world_size // local_world_size
     return ClusterEnv(
         rank=rank,

@@ -62,7 +62,14 @@ def _node_rank(environ: Mapping[str, str], hosts: list[str]) -> int:
     name = environ.get("SLURMD_NODENAME")
     if name in hosts:
         return hosts.index(name)
-    return read_int(environ, "SLURM_NODEID", launcher="slurm")
+    node_rank = read_int(environ, "SLURM_NODEID", launcher="slurm")
+    if not 0 <= node_rank < len(hosts):
+        raise UsageError(
+            f"inconsistent SLURM variables: SLURM_NODEID={node_rank} but SLURM_STEP_NODELIST="
+            f"{environ['SLURM_STEP_NODELIST']!r} has {len(hosts)} hosts; do not overwrite "
+            "SLURM_* variables by hand"
+        )
+    return node_rank
 
 
 def from_slurm(environ: Mapping[str, str]) -> ClusterEnv:

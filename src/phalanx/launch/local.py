@@ -7,15 +7,18 @@ workers. This module only decides its arguments (pure) and replaces the process 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from phalanx.config.args import RESOLVE_FLAG, wants_config
 from phalanx.env import refuse_nested_launch
 from phalanx.env.mpi import is_mpi
 from phalanx.env.slurm import from_slurm, is_slurm_step
 from phalanx.env.torchrun import is_torchrun
 from phalanx.errors import UsageError
+from phalanx.rundir.resolve import RUN_DIR_LINE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +125,33 @@ def torchrun_argv(spec: RunSpec) -> list[str]:
     if spec.module:
         argv.append("--module")
     return [*argv, spec.script, *spec.script_args]
+
+
+def resolve_config(spec: RunSpec) -> RunSpec:
+    """Resolve the script's config once, here, before any worker exists.
+
+    Only for scripts called with phalanx's config syntax (--config FILE, section.key=VALUE):
+    the script runs once with the resolve flag, which makes its `parse_config` validate the
+    config, create the run directory with config.yaml and exit. Workers then get that file.
+    A bad config stops here with the script's one-line error, before torchrun starts.
+    """
+    if not wants_config(spec.script_args):
+        return spec
+    target = ["-m", spec.script] if spec.module else [spec.script]
+    done = subprocess.run(
+        [sys.executable, *target, *spec.script_args, RESOLVE_FLAG],
+        stdout=subprocess.PIPE, text=True, check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(done.returncode)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RUN_DIR_LINE)]
+    if not lines:
+        raise UsageError(
+            f"{spec.script} got --config/overrides but did not resolve them; call "
+            "phalanx.parse_config(YourConfig) at the start of the script"
+        )
+    config_file = os.path.join(lines[-1][len(RUN_DIR_LINE):], "config.yaml")
+    return replace(spec, script_args=("--config", config_file))
 
 
 def exec_torchrun(spec: RunSpec) -> None:

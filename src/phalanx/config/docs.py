@@ -1,0 +1,59 @@
+"""Per-field docstrings of config dataclasses, read from the source, for `--help`."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import typing
+from typing import Any
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """{field name: the string literal right below its annotation}, base classes included."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue  # defined interactively: no source, no docs
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, after in zip(body, body[1:], strict=False):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Literal:
+        return "|".join(map(str, typing.get_args(tp)))
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def help_lines(cls: type, prefix: str = "") -> list[str]:
+    """One line per key: `section.key  type = default  doc`, sections as headings."""
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    lines: list[str] = []
+    for field in dataclasses.fields(cls):
+        tp, key = hints[field.name], f"{prefix}{field.name}"
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"{key}: {docs.get(field.name, '')}".rstrip())
+            lines += help_lines(tp, f"{key}.")  # type: ignore[arg-type]
+            continue
+        if field.default is not dataclasses.MISSING:
+            default: Any = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            default = "(required)"
+        lines.append(f"  {key} ({_type_name(tp)}, default {default!r})  {docs.get(field.name, '')}")
+    return lines

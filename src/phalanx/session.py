@@ -1,0 +1,72 @@
+"""phalanx.init / phalanx.distributed: the process group plus, given a Config, the run directory.
+
+Order matters: the group exists first, so rank 0 can choose (and create) the run directory and
+broadcast its path; then every rank logs into logs/rank-K.log, rank 0 writes config.yaml and each
+node's local rank 0 its diagnostics.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from phalanx.config.schema import Config, DistConfig
+from phalanx.dist.collectives import barrier, broadcast_object
+from phalanx.dist.logging import setup_logging
+from phalanx.dist.process_group import Dist, init_group, shutdown
+from phalanx.env import ClusterEnv
+from phalanx.rundir.diagnostics import write_diagnostics
+from phalanx.rundir.layout import RunDir
+from phalanx.rundir.resolve import choose_dir, with_dir, write_config
+
+log = logging.getLogger("phalanx")
+
+
+def init(config: Config | DistConfig | None = None, *, env: ClusterEnv | None = None) -> Dist:
+    """Join the process group; with a full Config also open the run directory.
+
+    The group is destroyed at interpreter exit, by shutdown(), or by `distributed()`'s block.
+    """
+    if isinstance(config, Config):
+        handle = init_group(config.dist, env=env)
+        return _open_run(handle, config)
+    return init_group(config, env=env)
+
+
+def _open_run(handle: Dist, config: Config) -> Dist:
+    env = handle.env
+    chosen = choose_dir(config, os.environ, create=True) if env.is_main_process else None
+    path = Path(broadcast_object(str(chosen) if chosen else None))
+    config = with_dir(config, path)
+    run_dir = RunDir(Path(config.run.dir)).ensure()
+    if config.dist.setup_logging:
+        setup_logging(env, log_file=run_dir.log_file(env.rank))
+    log.info(
+        "rank %d/%d (local %d/%d, node %d/%d) launcher=%s device=%s backend=%s run_dir=%s",
+        env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank,
+        env.num_nodes, env.launcher, handle.device, handle.backend, run_dir.path,
+    )
+    if env.is_main_process:
+        write_config(config, run_dir)
+    write_diagnostics(run_dir, env, os.environ)
+    if config.run.dry_run and env.is_main_process:
+        # A smoke run keeps nothing; registered after shutdown so it runs first.
+        atexit.register(shutil.rmtree, run_dir.path, ignore_errors=True)
+    barrier()  # nobody trains before the run directory is complete
+    return dataclasses.replace(handle, config=config, run_dir=run_dir)
+
+
+@contextmanager
+def distributed(config: Config | DistConfig | None = None) -> Iterator[Dist]:
+    """`with phalanx.distributed(cfg) as d:` -- init on entry, teardown on exit, also on errors."""
+    handle = init(config)
+    try:
+        yield handle
+    finally:
+        shutdown()
