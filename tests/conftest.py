@@ -80,4 +80,4 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             over.append(layer)
     if over:
         terminalreporter.write_line(f"OVER BUDGET: {', '.join(over)}", red=True)
-        terminalreporter._session.exitstatus = pytest.ExitCode.TESTS_FAILED  # type: ignore[attr-defined]
+        terminalreporter._session.exitstatus = pytest.ExitCode.TESTS_FAILED  # type: ignore[union-attr]

@@ -17,7 +17,7 @@ def read_probe(out_dir: Path) -> dict[str, Any]:
 def assert_geometry(
     probe: dict[str, Any], *, world_size: int, num_nodes: int, launcher: str, host_key: str = "node"
 ) -> list[dict[str, Any]]:
-    """Ranks are a permutation of 0..N-1; per host, local ranks are 0..k-1 and agree on node_rank."""
+    """Ranks are a permutation of 0..N-1; per host, local ranks are 0..k-1 with one node_rank."""
     records = probe["records"]
     assert sorted(r["rank"] for r in records) == list(range(world_size)), records
     assert {r["world_size"] for r in records} == {world_size}

@@ -55,7 +55,9 @@ def detect(
             f"launcher {chosen!r} was asked for but its variables are missing: "
             f"{_MARKERS[chosen]}; start the script with that launcher or use launcher 'auto'"
         )
-    if chosen == "torchrun" and slurm:
+    if chosen == "torchrun" and slurm and "TORCHELASTIC_RUN_ID" in environ:
+        # Only a real elastic agent spawns workers; env:// variables set by hand inside one
+        # srun task per process are a legitimate (if unusual) set-up.
         refuse_nested_launch(environ, what="torchrun")
     if chosen == "torchrun":
         return from_torchrun(environ)

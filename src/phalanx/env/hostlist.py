@@ -10,6 +10,8 @@ import re
 
 from phalanx.errors import UsageError
 
+MAX_HOSTS = 65536
+"""SLURM's own limit on the hosts of one list; a typo such as n[1-9999999999] stops here."""
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x([1-9]\d*)\))?$")
 
 
@@ -41,6 +43,8 @@ def _expand_range(item: str, text: str) -> list[str]:
         return [lo]
     if int(hi) < int(lo):
         raise UsageError(f"host list {text!r}: range {item!r} goes downwards")
+    if int(hi) - int(lo) >= MAX_HOSTS:
+        raise UsageError(f"host list {text!r}: range {item!r} exceeds SLURM's {MAX_HOSTS} hosts")
     width = len(lo) if lo.startswith("0") else 0
     return [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from phalanx.config.args import RESOLVE_FLAG, wants_config
 from phalanx.env import refuse_nested_launch
+from phalanx.env.cluster_env import read_int
 from phalanx.env.mpi import is_mpi
 from phalanx.env.slurm import from_slurm, is_slurm_step
 from phalanx.env.torchrun import is_torchrun
@@ -72,11 +73,12 @@ class RunSpec:
 
 def _outer_tasks_on_node(environ: Mapping[str, str]) -> tuple[str, int]:
     """The launcher this command runs under, and how many of its tasks share this node."""
-    if is_torchrun(environ):
-        return "torchrun", int(environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    if is_torchrun(environ) and "LOCAL_WORLD_SIZE" in environ:
+        return "torchrun", read_int(environ, "LOCAL_WORLD_SIZE", launcher="torchrun")
     if is_mpi(environ):
-        size = environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or environ.get("MPI_LOCALNRANKS", "1")
-        return "mpirun", int(size)
+        name = "OMPI_COMM_WORLD_LOCAL_SIZE"
+        name = name if name in environ else "MPI_LOCALNRANKS"
+        return "mpirun", read_int(environ, name, launcher="mpi")
     return "none", 1
 
 
