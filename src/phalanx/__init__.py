@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from phalanx.config import Config, DistConfig, RunConfig
+from phalanx.config.training import DataConfig, TrainConfig, TrainerConfig
 from phalanx.env import ClusterEnv, detect
 from phalanx.errors import UsageError
 from phalanx.rundir import RunDir, parse_config
@@ -30,6 +31,8 @@ _LAZY = {
             "shutdown",
         )
     },
+    "Trainer": "phalanx.train",
+    "Callback": "phalanx.train",
     "init": "phalanx.session",
     "distributed": "phalanx.session",
 }
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
         shutdown,
     )
     from phalanx.session import distributed, init
+    from phalanx.train import Callback, Trainer
 
 
 def __getattr__(name: str) -> Any:
@@ -57,9 +61,12 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ClusterEnv",
     "Config",
+    "DataConfig",
     "DistConfig",
     "RunConfig",
     "RunDir",
+    "TrainConfig",
+    "TrainerConfig",
     "UsageError",
     "__version__",
     "detect",

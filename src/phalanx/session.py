@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,9 +22,11 @@ from phalanx.dist.collectives import barrier, broadcast_object
 from phalanx.dist.logging import setup_logging
 from phalanx.dist.process_group import Dist, init_group, shutdown
 from phalanx.env import ClusterEnv
+from phalanx.errors import UsageError
 from phalanx.rundir.diagnostics import write_diagnostics
 from phalanx.rundir.layout import RunDir
 from phalanx.rundir.resolve import choose_dir, with_dir, write_config
+from phalanx.train.guard import NonFiniteError
 
 log = logging.getLogger("phalanx")
 
@@ -66,7 +69,17 @@ def _open_run(handle: Dist, config: Config) -> Dist:
 def distributed(config: Config | DistConfig | None = None) -> Iterator[Dist]:
     """`with phalanx.distributed(cfg) as d:` -- init on entry, teardown on exit, also on errors."""
     handle = init(config)
+    code = 0
     try:
         yield handle
+    except (UsageError, NonFiniteError) as error:
+        # Bad input or an agreed NaN stop: one line per rank, no traceback (exit 2 / 1).
+        prefix = f"[rank {handle.env.rank}] " if handle.env.world_size > 1 else ""
+        print(f"{prefix}error: {error}", file=sys.stderr, flush=True)
+        code = 2 if isinstance(error, UsageError) else 1
     finally:
         shutdown()
+    if code:
+        # Raised outside the except block: the failed frames (models, loaders) are released
+        # now, not at interpreter exit after the process group is gone.
+        raise SystemExit(code)

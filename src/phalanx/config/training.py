@@ -1,0 +1,107 @@
+"""Config sections of the Trainer: `train` (the loop) and `data` (loaders).
+
+    @dataclass(frozen=True, kw_only=True)
+    class MyConfig(phalanx.TrainerConfig):
+        model: ModelConfig = field(default_factory=ModelConfig)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from phalanx.config.schema import Config, check_choice
+from phalanx.errors import UsageError
+
+Precision = Literal["fp32", "bf16", "fp16"]
+Strategy = Literal["auto", "single", "ddp"]
+NanPolicy = Literal["skip", "stop", "count"]
+LrScaling = Literal["none", "linear"]
+
+
+def _at_least(key: str, value: float, low: float) -> None:
+    if value < low:
+        raise UsageError(f"config {key}={value} must be >= {low:g}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """The training loop."""
+
+    epochs: int = 1
+    """Passes over the training data (ignored when max_steps > 0)."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps; 0: run `epochs` epochs."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step; gradients are all-reduced on the last one only."""
+    clip_grad_norm: float = 0.0
+    """Clip the global gradient norm to this value; 0: no clipping (the norm is still logged)."""
+    precision: Precision = "fp32"
+    """fp32, bf16 (autocast) or fp16 (autocast + GradScaler)."""
+    strategy: Strategy = "auto"
+    """auto (ddp with several ranks, else single), single or ddp."""
+    compile: bool = False
+    """torch.compile the model (for DDP: the DDP-wrapped module, so graphs split at buckets)."""
+    ddp_static_graph: bool = False
+    """DDP static_graph=True: faster when the graph never changes between steps."""
+    ddp_bucket_mb: float = 25.0
+    """DDP gradient bucket size in MiB."""
+    nan_policy: NanPolicy = "stop"
+    """Non-finite loss or gradient on any rank: skip the step, stop with a message, or count."""
+    log_every: int = 50
+    """Optimizer steps between logging points (metrics reach the host only there)."""
+    eval_every: int = 0
+    """Optimizer steps between evaluations; 0: at the end of every epoch."""
+    seed: int = 0
+    """Base seed: data order, per-rank and per-worker RNGs derive from it."""
+    lr_scaling: LrScaling = "none"
+    """linear: multiply the optimizer's learning rates by the world size."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up over this many optimizer steps."""
+    progress: bool = True
+    """Print a progress line on rank 0 at every logging point."""
+
+    def __post_init__(self) -> None:
+        check_choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))
+        check_choice("train.strategy", self.strategy, ("auto", "single", "ddp"))
+        check_choice("train.nan_policy", self.nan_policy, ("skip", "stop", "count"))
+        check_choice("train.lr_scaling", self.lr_scaling, ("none", "linear"))
+        for key, value, low in (
+            ("train.epochs", self.epochs, 1), ("train.max_steps", self.max_steps, 0),
+            ("train.grad_accum", self.grad_accum, 1), ("train.log_every", self.log_every, 1),
+            ("train.eval_every", self.eval_every, 0), ("train.warmup_steps", self.warmup_steps, 0),
+            ("train.clip_grad_norm", self.clip_grad_norm, 0), ("train.ddp_bucket_mb",
+                                                                self.ddp_bucket_mb, 0.001),
+        ):
+            _at_least(key, value, low)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Data loaders."""
+
+    batch_size: int = 32
+    """Samples per micro-batch on each rank."""
+    eval_batch_size: int = 0
+    """Samples per evaluation batch on each rank; 0: batch_size."""
+    num_workers: int = -1
+    """DataLoader worker processes per rank; -1: from the rank's CPU affinity."""
+    shuffle: bool = True
+    """Shuffle the global order each epoch (seeded by train.seed and the epoch)."""
+    drop_last: bool = False
+    """Drop the last, incomplete global batch of each epoch."""
+
+    def __post_init__(self) -> None:
+        _at_least("data.batch_size", self.batch_size, 1)
+        _at_least("data.eval_batch_size", self.eval_batch_size, 0)
+        _at_least("data.num_workers", self.num_workers, -1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig(Config):
+    """Root config for scripts that use phalanx.Trainer."""
+
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """The training loop."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Data loaders."""

@@ -1,0 +1,144 @@
+"""DataLoaders for training and evaluation, built from the samplers and seeding of this package.
+
+Thin on purpose: everything here is a plain `torch.utils.data.DataLoader`; a user who needs
+other options builds one from `GlobalOrderSampler` / `EvalSampler` and `worker_init_fn` directly.
+The training loader's sampler is `loader.sampler` (a GlobalOrderSampler): call `set_epoch`, and
+save `state(global_index_after(steps))` in checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sized
+from typing import Any, TypeVar
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+
+from phalanx.data.eval import EvalSampler
+from phalanx.data.sampler import GlobalOrderSampler, mix_seed
+from phalanx.data.seeding import default_num_workers, worker_init_fn
+from phalanx.env import ClusterEnv
+from phalanx.errors import UsageError
+
+T = TypeVar("T")
+
+Collate = Callable[[list[T]], Any]
+
+
+def _dataset_len(dataset: Dataset[T], what: str) -> int:
+    if isinstance(dataset, IterableDataset) or not isinstance(dataset, Sized):
+        raise UsageError(
+            f"{what} needs a map-style dataset with __len__ and __getitem__, got "
+            f"{type(dataset).__name__}; for a stream use DataLoader(ShardedIterable(...)) directly"
+        )
+    return len(dataset)
+
+
+def _loader(
+    dataset: Dataset[T],
+    sampler: Sampler[int],
+    *,
+    env: ClusterEnv,
+    batch_size: int,
+    seeding: tuple[int, int],
+    num_workers: int | None,
+    collate_fn: Collate[T] | None,
+    pin_memory: bool | None,
+    persistent: bool,
+) -> DataLoader[T]:
+    seed, epoch = seeding
+    workers = default_num_workers(env.local_world_size) if num_workers is None else num_workers
+    if workers < 0:
+        raise UsageError(f"num_workers={workers} must be >= 0 (0 loads in the main process)")
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=False,  # the sampler already decided which samples this rank gets
+        num_workers=workers,
+        collate_fn=collate_fn,
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        worker_init_fn=worker_init_fn(seed, env.rank, epoch=epoch) if workers else None,
+        persistent_workers=persistent and workers > 0,
+        # Each new iterator draws its workers' base seed from this generator; without one it
+        # draws from the global torch RNG and shifts the main process's dropout stream.
+        generator=torch.Generator().manual_seed(mix_seed(seed, env.rank)),
+    )
+
+
+def make_train_loader(
+    dataset: Dataset[T],
+    *,
+    env: ClusterEnv,
+    batch_size: int,
+    seed: int,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    num_workers: int | None = None,
+    collate_fn: Collate[T] | None = None,
+    pin_memory: bool | None = None,
+    start: tuple[int, int] = (0, 0),
+) -> DataLoader[T]:
+    """A training DataLoader of this rank's share of the global order, resumable on any world size.
+
+    `batch_size` is per rank; `start=(epoch, global_index)` is a position saved from
+    `loader.sampler.state(...)`. `num_workers=None` takes `default_num_workers`; workers are
+    persistent (no restart cost per epoch) and seeded per (seed, rank, worker). `pin_memory=None`
+    pins when CUDA is available. With drop_last=False ranks may get different numbers of
+    batches in the last step; see GlobalOrderSampler.
+    """
+    epoch, global_index = start
+    sampler = GlobalOrderSampler(
+        _dataset_len(dataset, "make_train_loader"),
+        rank=env.rank,
+        world_size=env.world_size,
+        batch_size=batch_size,
+        seed=seed,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        start_index=global_index,
+        epoch=epoch,
+    )
+    return _loader(
+        dataset,
+        sampler,
+        env=env,
+        batch_size=batch_size,
+        seeding=(seed, epoch),
+        num_workers=num_workers,
+        collate_fn=collate_fn,
+        pin_memory=pin_memory,
+        persistent=True,
+    )
+
+
+def make_eval_loader(
+    dataset: Dataset[T],
+    *,
+    env: ClusterEnv,
+    batch_size: int,
+    num_workers: int | None = None,
+    collate_fn: Collate[T] | None = None,
+    pin_memory: bool | None = None,
+    seed: int = 0,
+) -> DataLoader[T]:
+    """An evaluation DataLoader over this rank's unpadded contiguous shard (see EvalSampler).
+
+    Every sample is evaluated once in all; shards differ in length by at most one sample, and
+    `loader.sampler.num_steps(batch_size)` is the lock-step batch count for all ranks. Workers
+    are not persistent: between evaluations they would hold memory next to the training workers.
+    """
+    if batch_size < 1:
+        raise UsageError(f"batch_size={batch_size} must be >= 1 (it is the per-rank batch size)")
+    sampler = EvalSampler(_dataset_len(dataset, "make_eval_loader"), env.rank, env.world_size)
+    return _loader(
+        dataset,
+        sampler,
+        env=env,
+        batch_size=batch_size,
+        seeding=(seed, 0),
+        num_workers=num_workers,
+        collate_fn=collate_fn,
+        pin_memory=pin_memory,
+        persistent=False,
+    )

@@ -1,0 +1,125 @@
+"""One optimizer step: micro-batches with accumulation, clipping, the NaN guard, the update.
+
+Reads top to bottom like a hand-written loop; the Trainer calls it, a user loop may too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from phalanx.errors import UsageError
+from phalanx.train.guard import NanGuard, masked_step
+from phalanx.train.metrics import Metrics
+from phalanx.train.precision import Precision
+from phalanx.train.strategy import is_ddp, unwrap_compile
+
+StepOutput = torch.Tensor | Mapping[str, torch.Tensor]
+StepFn = Callable[[nn.Module, Any], StepOutput]
+
+
+def split_output(out: object) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(loss, extra metrics) from a step function's result, or a one-line error."""
+    if isinstance(out, torch.Tensor):
+        loss, extra = out, {}
+    elif isinstance(out, Mapping) and isinstance(out.get("loss"), torch.Tensor):
+        loss, extra = out["loss"], {k: v for k, v in out.items() if k != "loss"}
+    else:
+        raise UsageError(
+            f"train_step must return the loss tensor or a dict with a 'loss' tensor; got "
+            f"{type(out).__name__}"
+        )
+    if loss.numel() != 1:
+        raise UsageError(f"train_step's loss must be a scalar; got shape {tuple(loss.shape)}")
+    return loss, extra
+
+
+def batch_size_of(batch: object) -> int:
+    """Samples in a batch: the leading dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, Mapping):
+        return batch_size_of(next(iter(batch.values()))) if batch else 0
+    if isinstance(batch, Sequence) and batch:
+        return batch_size_of(batch[0])
+    return 1
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Tensors anywhere in nested tuples/lists/dicts moved to `device` (asynchronously)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+@dataclass
+class StepParts:
+    """What an optimizer step needs; built once by the Trainer."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    train_step: StepFn
+    precision: Precision
+    guard: NanGuard
+    metrics: Metrics
+    clip_grad_norm: float
+    scheduler: Any = None
+
+
+def _grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+
+
+def optimizer_step(parts: StepParts, micro_batches: Iterable[Any], *, step: int) -> None:
+    """Forward/backward every micro-batch, then one (guarded, clipped) optimizer update.
+
+    Gradients are all-reduced on the last micro-batch only (DDP no_sync before it); each
+    micro-loss is divided by their number, so k micro-batches equal one k-times-larger batch.
+    """
+    batches = list(micro_batches)
+    ddp = unwrap_compile(parts.model) if is_ddp(parts.model) else None
+    for i, batch in enumerate(batches):
+        no_sync = ddp.no_sync() if ddp is not None and i < len(batches) - 1 else None
+        with no_sync or contextlib.nullcontext():
+            with parts.precision.autocast():
+                loss, extra = split_output(parts.train_step(parts.model, batch))
+            parts.guard.observe_loss(loss)
+            parts.precision.backward(loss / len(batches))
+        parts.metrics.add("loss", loss.detach().float())
+        for name, value in extra.items():
+            parts.metrics.add(name, value.detach().float())
+        parts.metrics.add("samples", float(batch_size_of(batch)), reduce="sum")
+    _update(parts, step)
+
+
+def _update(parts: StepParts, step: int) -> None:
+    opt = parts.optimizer
+    parts.precision.unscale_(opt)
+    grads = _grads(opt)
+    norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+    if parts.clip_grad_norm > 0 and grads:
+        torch.nn.utils.clip_grads_with_norm_(
+            [p for g in opt.param_groups for p in g["params"]], parts.clip_grad_norm, norm
+        )
+    # Under fp16 an overflow is the scaler's business (reported as scaler_skips), not a NaN event.
+    fp16 = parts.precision.scaler is not None
+    bad = parts.guard.agree(norm, step, include_grads=not fp16)
+    if fp16:
+        parts.precision.step(opt)
+    elif parts.guard.masks_update:
+        masked_step(opt, bad)
+    else:
+        opt.step()
+    if parts.scheduler is not None:
+        parts.scheduler.step()
+    opt.zero_grad(set_to_none=True)
+    parts.metrics.add("grad_norm", norm.detach().float())

@@ -1,0 +1,66 @@
+"""Model wrapping: single device or DDP, then torch.compile as torch recommends.
+
+For DDP the DDP-wrapped module is compiled, so TorchDynamo's DDPOptimizer splits graphs at
+bucket boundaries and communication overlaps the backward pass. FSDP2 plugs in here later.
+State dicts never carry wrapper prefixes (`module.`, `_orig_mod.`): checkpoints load into a
+plain model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from phalanx.dist.process_group import Dist
+
+
+def resolve_strategy(requested: str, world_size: int) -> str:
+    """'auto' becomes ddp with several ranks, single otherwise."""
+    if requested == "auto":
+        return "ddp" if world_size > 1 else "single"
+    return requested
+
+
+def wrap_model(
+    model: nn.Module, handle: Dist, *, strategy: str, compile: bool = False,
+    static_graph: bool = False, bucket_mb: float = 25.0,
+) -> nn.Module:
+    """Move `model` to the rank's device and wrap it for `strategy` ('single' or 'ddp')."""
+    model = model.to(handle.device)
+    wrapped: nn.Module = model
+    if resolve_strategy(strategy, handle.env.world_size) == "ddp":
+        device_ids = [handle.device.index] if handle.device.type == "cuda" else None
+        wrapped = DistributedDataParallel(
+            model, device_ids=device_ids, gradient_as_bucket_view=True,
+            static_graph=static_graph, bucket_cap_mb=bucket_mb,
+        )
+    if compile:
+        wrapped = torch.compile(wrapped)  # type: ignore[assignment]
+    return wrapped
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module inside compile and DDP wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(model, DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
+def model_state_dict(model: nn.Module) -> dict[str, Any]:
+    """The user's module's state dict, keys free of wrapper prefixes."""
+    return unwrap(model).state_dict()
+
+
+def is_ddp(model: nn.Module) -> bool:
+    return isinstance(unwrap_compile(model), DistributedDataParallel)
+
+
+def unwrap_compile(model: nn.Module) -> nn.Module:
+    return model._orig_mod if hasattr(model, "_orig_mod") else model  # type: ignore[return-value]

@@ -1,0 +1,220 @@
+"""The Trainer: epochs of guarded optimizer steps, evaluation, logging — built only from the
+public blocks (strategy, precision, step, guard, metrics, control plane, data loaders)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from torch import nn
+
+from phalanx.config.training import TrainerConfig
+from phalanx.data.loader import make_eval_loader, make_train_loader
+from phalanx.data.seeding import seed_everything
+from phalanx.dist.control import ControlPlane
+from phalanx.dist.process_group import Dist
+from phalanx.errors import UsageError
+from phalanx.train.callbacks import Callback
+from phalanx.train.evaluate import EvalFn, evaluate
+from phalanx.train.guard import NanGuard
+from phalanx.train.metrics import Metrics
+from phalanx.train.optim import build_optimizer, build_scheduler
+from phalanx.train.precision import Precision
+from phalanx.train.progress import Throughput, peak_flops, progress_line
+from phalanx.train.step import StepFn, StepParts, optimizer_step, to_device
+from phalanx.train.strategy import wrap_model
+
+log = logging.getLogger("phalanx.train")
+
+
+@dataclass
+class TrainState:
+    """Where training stands; the data position does not depend on the world size."""
+
+    step: int = 0
+    """Optimizer steps done."""
+    epoch: int = 0
+    """Current epoch."""
+    global_index: int = 0
+    """Samples of this epoch's global order already consumed (all ranks together)."""
+
+
+class Trainer:
+    """Train `model` on `train_data` with `train_step(model, batch) -> loss | {'loss': ...}`.
+
+    `optimizer` is an Optimizer or a factory `params -> Optimizer`; `scheduler` an LRScheduler or
+    a factory `optimizer -> LRScheduler` (stepped once per optimizer step). `eval_step(model,
+    batch)` returns per-sample tensors, averaged over the whole eval set.
+    """
+
+    def __init__(
+        self, handle: Dist, *, model: nn.Module, optimizer: Any, train_data: Any,
+        train_step: StepFn, config: TrainerConfig | None = None, eval_data: Any = None,
+        eval_step: EvalFn | None = None, scheduler: Any = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None, callbacks: Sequence[Callback] = (),
+        flops_per_sample: float | None = None, tokens_per_sample: float | None = None,
+    ) -> None:
+        config = config or handle.config  # type: ignore[assignment]
+        if not isinstance(config, TrainerConfig):
+            raise UsageError("Trainer needs a phalanx.TrainerConfig (pass config=, or init with it)")
+        if eval_data is not None and eval_step is None:
+            raise UsageError("eval_data was given without eval_step; pass both or neither")
+        self.config, self.handle, self.env = config, handle, handle.env
+        train = config.train
+        seed_everything(train.seed, rank=self.env.rank)
+        self.model = wrap_model(
+            model, handle, strategy=train.strategy, compile=train.compile,
+            static_graph=train.ddp_static_graph, bucket_mb=train.ddp_bucket_mb,
+        )
+        self.optimizer = build_optimizer(optimizer, self.model, train, self.env.world_size)
+        self.scheduler = build_scheduler(scheduler, self.optimizer, train)
+        self.precision = Precision(train.precision, handle.device)
+        self.guard = NanGuard(train.nan_policy, handle.device, rank=self.env.rank,
+                              world_size=self.env.world_size)
+        self.metrics = Metrics(handle.device)
+        self.control = ControlPlane()
+        self.state = TrainState()
+        self.history: list[dict[str, Any]] = []
+        self.stop_requested = False
+        self.train_data, self.eval_data, self.eval_step = train_data, eval_data, eval_step
+        self.collate_fn, self.callbacks = collate_fn, list(callbacks)
+        self.throughput = Throughput(
+            world_size=self.env.world_size, flops_per_sample=flops_per_sample,
+            tokens_per_sample=tokens_per_sample, peak=peak_flops(handle.device),
+        )
+        self._parts = StepParts(
+            model=self.model, optimizer=self.optimizer, train_step=train_step,
+            precision=self.precision, guard=self.guard, metrics=self.metrics,
+            clip_grad_norm=train.clip_grad_norm, scheduler=self.scheduler,
+        )
+
+    @property
+    def dry_run(self) -> bool:
+        return self.config.run.dry_run
+
+    @property
+    def max_steps(self) -> int:
+        return 2 if self.dry_run else self.config.train.max_steps
+
+    def _loader(self) -> Any:
+        data = self.config.data
+        return make_train_loader(
+            self.train_data, env=self.env, batch_size=data.batch_size, seed=self.config.train.seed,
+            shuffle=data.shuffle, drop_last=data.drop_last,
+            num_workers=None if data.num_workers < 0 else data.num_workers,
+            collate_fn=self.collate_fn, start=(self.state.epoch, self.state.global_index),
+        )
+
+    def _micro_batches(self, it: Iterator[Any]) -> list[Any]:
+        batches = []
+        for _ in range(self.config.train.grad_accum):
+            try:
+                batches.append(to_device(next(it), self.handle.device))
+            except StopIteration:
+                break
+        return batches
+
+    def fit(self) -> list[dict[str, Any]]:
+        """Train until epochs or max_steps are done (or a stop); returns the logged history."""
+        for cb in self.callbacks:
+            cb.on_train_start(self)
+        self.throughput.restart()
+        loader = self._loader()
+        while not self._done():
+            loader.sampler.set_position(self.state.epoch, self.state.global_index)
+            self._run_epoch(loader)
+            if self.stop_requested:
+                break
+        if self.state.step % self.config.train.log_every:
+            self._log()  # the tail since the last logging point
+        for cb in self.callbacks:
+            cb.on_train_end(self)
+        return self.history
+
+    def _done(self) -> bool:
+        if self.max_steps:
+            return self.state.step >= self.max_steps
+        return self.state.epoch >= self.config.train.epochs
+
+    def _run_epoch(self, loader: Any) -> None:
+        train, data = self.config.train, self.config.data
+        it = iter(loader)
+        micro_steps = 0
+        while not (self.max_steps and self.state.step >= self.max_steps):
+            batches = self._micro_batches(it)
+            agreed = self.control.agree(
+                has_data=len(batches) == train.grad_accum, stop=self.stop_requested
+            )
+            if agreed.any_stop:
+                self.stop_requested = True
+                return
+            if not agreed.all_have_data:
+                break
+            optimizer_step(self._parts, batches, step=self.state.step + 1)
+            self.state.step += 1
+            micro_steps += len(batches)
+            # Capped at the epoch's end: a resume position must stay inside the data set.
+            self.state.global_index = loader.sampler.global_index_after(micro_steps)
+            if self.state.step % train.log_every == 0:
+                self._log()
+            if train.eval_every and self.state.step % train.eval_every == 0:
+                self.evaluate()
+        self.state.epoch += 1
+        self.state.global_index = 0
+        if not train.eval_every:
+            self.evaluate()
+
+    def evaluate(self) -> dict[str, float]:
+        """Evaluate on eval_data (every sample exactly once); {} without eval data."""
+        if self.eval_data is None or self.eval_step is None:
+            return {}
+        data = self.config.data
+        loader = make_eval_loader(
+            self.eval_data, env=self.env, batch_size=data.eval_batch_size or data.batch_size,
+            collate_fn=self.collate_fn,
+            num_workers=None if data.num_workers < 0 else data.num_workers,
+        )
+        from phalanx.train.strategy import unwrap
+
+        values = evaluate(unwrap(self.model), loader, self.eval_step, device=self.handle.device,
+                          precision=self.precision, max_batches=2 if self.dry_run else None)
+        values = {"step": self.state.step, "epoch": self.state.epoch, **values}
+        self._record(values)
+        for cb in self.callbacks:
+            cb.on_eval(self, values)
+        return values
+
+    def _log(self) -> None:
+        """A logging point: the only place training values reach the host."""
+        values = self.metrics.compute()
+        report = self.guard.maybe_stop()  # raises on every rank under nan_policy=stop
+        samples = values.pop("samples", 0.0)
+        values.update(self.throughput.measure(samples))
+        values["nonfinite_steps"] = report.events
+        if self.precision.scaler is not None:
+            values["scaler_skips"] = int(self.precision.scaler_skips.item())
+        values["lr"] = self.optimizer.param_groups[0]["lr"]
+        values = {"step": self.state.step, "epoch": self.state.epoch, **values}
+        self._record(values)
+        if self.env.is_main_process and self.config.train.progress:
+            log.info(progress_line(self.state.step, self.max_steps or None,
+                                   self.state.epoch, values, None))
+        for cb in self.callbacks:
+            cb.on_log(self, values)
+
+    def _record(self, values: dict[str, Any]) -> None:
+        values = {"time": time.time(), **values}
+        self.history.append(values)
+        run_dir = self.handle.run_dir
+        if run_dir is not None and self.env.is_main_process:
+            with open(run_dir.path / "metrics.jsonl", "a") as handle:
+                handle.write(json.dumps(values) + "\n")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Training position (host values) for checkpoints."""
+        return asdict(self.state)
+

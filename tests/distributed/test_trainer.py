@@ -1,0 +1,116 @@
+"""The Trainer on real gloo ranks: parity, accumulation, NaN guard, uneven data, metrics, compile."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phalanx.config import load
+from phalanx.config.training import TrainerConfig
+from phalanx.errors import UsageError
+from tests.support.procs import VENV_BIN, base_env, run
+
+WORKER = str(Path(__file__).parents[1] / "support" / "trainer_worker.py")
+pytestmark = pytest.mark.dist
+
+
+def scenario(tmp_path: Path, name: str, *args: str, ranks: int = 2) -> dict[str, Any]:
+    result = run([str(VENV_BIN / "phalanx"), "run", "-n", str(ranks), WORKER, name,
+                  str(tmp_path), *args], timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((tmp_path / f"{name}.json").read_text())  # type: ignore[no-any-return]
+
+
+def max_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b) and a
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.timeout(180)
+def test_parity_with_a_hand_written_ddp_loop(tmp_path: Path) -> None:
+    r = scenario(tmp_path, "parity")
+    assert len(r["trainer_losses"]) == len(r["hand_losses"]) == 6
+    assert max_diff(r["trainer_losses"], r["hand_losses"]) < 1e-6
+    assert max_diff(r["trainer_params"], r["hand_params"]) < 1e-6
+
+
+@pytest.mark.timeout(180)
+def test_accumulation_equals_larger_batch_and_all_reduces_once(tmp_path: Path) -> None:
+    r = scenario(tmp_path, "accumulation")
+    assert max_diff(r["accum"]["losses"], r["single"]["losses"]) < 1e-6
+    assert max_diff(r["accum"]["params"], r["single"]["params"]) < 1e-6
+    # One DDP bucket all-reduce + the NaN guard's flag, whether 1 or 4 micro-batches.
+    assert r["allreduces"] == {"1": 2, "4": 2}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("opt", ["sgd", "adamw_fused"])  # host-read skip / on-device skip
+def test_nan_on_one_rank_skip_equals_removing_the_batch(tmp_path: Path, opt: str) -> None:
+    r = scenario(tmp_path, "nan", "policy=skip", f"opt={opt}")
+    assert r["steps"] == 6 and r["nonfinite"] == 1
+    assert max_diff(r["params"], r["reference"]) < 1e-6
+
+
+@pytest.mark.timeout(180)
+def test_nan_stop_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    result = run([str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, "nan", str(tmp_path),
+                  "policy=stop"], timeout=150)
+    assert result.returncode != 0
+    message = "error: non-finite loss on rank(s) [1] at step 3; stopping all ranks"
+    for rank in (0, 1):
+        assert f"[rank {rank}] {message}" in result.stderr, result.stderr[-3000:]
+    # torchrun reports the failed workers; the workers themselves print no traceback.
+    assert "trainer_worker.py\", line" not in result.stderr
+    assert not (tmp_path / "nan.json").exists()
+
+
+@pytest.mark.timeout(180)
+def test_uneven_data_on_three_ranks_and_exact_evaluation(tmp_path: Path) -> None:
+    r = scenario(tmp_path, "uneven", ranks=3)
+    assert r["steps"] == 16  # 100 samples, global batch 12: 8 full steps per epoch, tail dropped
+    assert r["distributed"]["eval/close"] == r["single"]["eval/close"]  # counts: exact
+    assert r["distributed"]["eval/sq_err"] == pytest.approx(r["single"]["eval/sq_err"], rel=1e-12)
+
+
+@pytest.mark.timeout(120)
+def test_metrics_reduce_across_ranks(tmp_path: Path) -> None:
+    r = scenario(tmp_path, "metrics", ranks=3)
+    assert r["m"] == pytest.approx((0 + 10 + 1 + 11 + 2 + 12) / 6)
+    assert r["s"] == 3.0 and r["lo"] == 0.0 and r["hi"] == 4.0
+    assert r["c"] == [0.0, 1.0, 1.0, 2.0, 2.0, 2.0]
+    assert r["only0"] == 7.0
+
+
+@pytest.mark.timeout(300)
+def test_compiled_ddp_checkpoint_loads_into_an_eager_model(tmp_path: Path) -> None:
+    r = scenario(tmp_path, "compile")
+    assert r["keys"] == ["0.bias", "0.weight", "2.bias", "2.weight"]  # no module./_orig_mod.
+    assert max_diff(r["compiled"], r["eager"]) < 1e-6
+
+
+@pytest.mark.timeout(60)
+def test_step_function_without_loss_is_a_one_line_error(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, WORKER, "bad_step", str(tmp_path)],
+                          capture_output=True, text=True, env=base_env(), timeout=50,
+                          check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: train_step must return the loss tensor or a dict with a 'loss' tensor; "
+        "got NoneType"
+    ]
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("train.precision=bf61", "train.precision='bf61' is not one of: fp32, bf16, fp16"),
+    ("train.grad_accum=0", "train.grad_accum=0 must be >= 1"),
+    ("train.nan_policy=ignore", "is not one of: skip, stop, count"),
+    ("data.batch_size=0", "data.batch_size=0 must be >= 1"),
+])
+def test_bad_trainer_config(override: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load(TrainerConfig, overrides=[override])

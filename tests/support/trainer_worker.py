@@ -1,0 +1,224 @@
+"""Worker scenarios for Trainer tests: `phalanx run -n N trainer_worker.py SCENARIO OUT [k=v...]`.
+
+Every scenario writes OUT/<scenario>.json from rank 0 (results computed with collectives, so
+the file only exists if all ranks got through).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import TensorDataset
+
+import phalanx
+from phalanx.config import load
+from phalanx.train import Metrics, unwrap
+
+N, DIM = 96, 6
+
+
+def regression_data(n: int = N, bad_index: int | None = None) -> TensorDataset:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, DIM, generator=gen)
+    y = x @ torch.randn(DIM, 1, generator=gen) + 0.1 * torch.randn(n, 1, generator=gen)
+    if bad_index is not None:
+        x[bad_index] = float("nan")
+    return TensorDataset(x, y)
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(DIM, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def mse_step(model: nn.Module, batch: Any) -> torch.Tensor:
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+
+
+def per_sample_eval(model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+    x, y = batch
+    err = (model(x) - y).squeeze(1)
+    return {"sq_err": err**2, "close": (err.abs() < 0.5).float()}
+
+
+def config(*overrides: str) -> phalanx.TrainerConfig:
+    base = ["data.shuffle=false", "data.num_workers=0", "train.log_every=1", "train.progress=false"]
+    return load(phalanx.TrainerConfig, overrides=[*base, *overrides])
+
+
+def flat_params(model: nn.Module) -> list[float]:
+    return torch.cat([p.detach().flatten() for p in unwrap(model).parameters()]).tolist()
+
+
+def trainer_run(d: phalanx.Dist, cfg: phalanx.TrainerConfig, data: Any, opt: str = "sgd",
+                eval_data: Any = None) -> tuple[phalanx.Trainer, list[dict[str, Any]]]:
+    factories = {
+        "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+        "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+        "adamw_fused": lambda p: torch.optim.AdamW(p, lr=0.01, fused=True),
+    }
+    trainer = phalanx.Trainer(d, config=cfg, model=make_model(), optimizer=factories[opt],
+                              train_data=data, train_step=mse_step, eval_data=eval_data,
+                              eval_step=per_sample_eval if eval_data is not None else None)
+    return trainer, trainer.fit()
+
+
+def hand_loop(d: phalanx.Dist, data: TensorDataset, batch: int, steps: int) -> dict[str, Any]:
+    """Plain DDP: rank r takes slice [k*B*W + r*B, +B) of the unshuffled data at step k."""
+    model = DistributedDataParallel(make_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = data.tensors
+    losses = []
+    world, rank = d.env.world_size, d.env.rank
+    for k in range(steps):
+        lo = k * batch * world + rank * batch
+        loss = nn.functional.mse_loss(model(x[lo:lo + batch]), y[lo:lo + batch])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mean = loss.detach().clone()
+        torch.distributed.all_reduce(mean)
+        losses.append(mean.item() / world)
+    return {"losses": losses, "params": flat_params(model)}
+
+
+def scenario_parity(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    data = regression_data()
+    steps = N // (8 * d.env.world_size)
+    trainer, history = trainer_run(d, config("data.batch_size=8", f"train.max_steps={steps}"),
+                                   data)
+    hand = hand_loop(d, data, 8, steps)
+    return {"trainer_losses": [h["loss"] for h in history if "loss" in h],
+            "trainer_params": flat_params(trainer.model),
+            **{f"hand_{k}": v for k, v in hand.items()}}
+
+
+def scenario_accumulation(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    data = regression_data()
+    runs = {}
+    for accum, batch in ((4, 3), (1, 12)):  # 4 micro-batches of 3 == one batch of 12
+        cfg = config(f"data.batch_size={batch}", f"train.grad_accum={accum}",
+                     "train.max_steps=4")
+        trainer, history = trainer_run(d, cfg, data)
+        runs[accum] = {"losses": [h["loss"] for h in history if "loss" in h],
+                       "params": flat_params(trainer.model)}
+    return {"accum": runs[4], "single": runs[1],
+            "allreduces": {str(k): count_allreduces(d, k) for k in (1, 4)}}
+
+
+def count_allreduces(d: phalanx.Dist, accum: int) -> int:
+    """All-reduces in ONE optimizer step of `accum` micro-batches, counted by torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from phalanx.train import NanGuard, Precision, StepParts, optimizer_step, wrap_model
+
+    model = wrap_model(make_model(), d, strategy="ddp")
+    parts = StepParts(
+        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), train_step=mse_step,
+        precision=Precision("fp32", d.device),
+        guard=NanGuard("skip", d.device, rank=d.env.rank, world_size=d.env.world_size),
+        metrics=Metrics(d.device), clip_grad_norm=0.0,
+    )
+    x, y = regression_data().tensors
+    batches = [(x[i * 3:(i + 1) * 3], y[i * 3:(i + 1) * 3]) for i in range(accum)]
+    optimizer_step(parts, batches, step=1)  # warm-up: DDP builds its buckets on the first step
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        optimizer_step(parts, batches, step=2)
+    return sum(e.count for e in prof.key_averages() if e.key == "c10d::allreduce_")
+
+
+def scenario_nan(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    """Sample 42 is NaN: step 3 (1-based), rank 1 only, with batch 8 on 2 ranks."""
+    policy, opt = args["policy"], args.get("opt", "sgd")
+    cfg = config("data.batch_size=8", "train.epochs=1", f"train.nan_policy={policy}")
+    trainer, history = trainer_run(d, cfg, regression_data(bad_index=42), opt)
+    x, y = regression_data().tensors
+    keep = torch.cat([torch.arange(0, 32), torch.arange(48, N)])  # that global batch removed
+    reference, _ = trainer_run(d, cfg, TensorDataset(x[keep], y[keep]), opt)
+    return {"params": flat_params(trainer.model), "reference": flat_params(reference.model),
+            "steps": trainer.state.step, "nonfinite": history[-1]["nonfinite_steps"]}
+
+
+def scenario_uneven(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    data = regression_data(100)
+    # Batch size 1 in evaluation: a float32 forward may round differently for other batch
+    # compositions (BLAS blocking); with single samples only the reduction order differs.
+    cfg = config("data.batch_size=4", "data.eval_batch_size=1", "train.epochs=2",
+                 "train.log_every=3")
+    trainer, history = trainer_run(d, cfg, data, eval_data=data)
+    result = trainer.evaluate()
+    single: dict[str, Any] = {}
+    if d.env.is_main_process:  # the same model evaluated by one process over everything
+        model = unwrap(trainer.model)
+        with torch.no_grad():
+            outs = [per_sample_eval(model, (x[None], y[None])) for x, y in data]
+        single = {f"eval/{k}": sum(o[k].double().sum().item() for o in outs) / len(data)
+                  for k in outs[0]}
+    return {"distributed": result, "single": single, "steps": trainer.state.step}
+
+
+def scenario_metrics(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    r = float(d.env.rank)
+    metrics = Metrics(d.device)
+    metrics.add("m", torch.tensor([r, r + 10.0]))
+    metrics.add("s", r, reduce="sum")
+    metrics.add("lo", torch.tensor([r, 5.0]), reduce="min")
+    metrics.add("hi", r * 2, reduce="max")
+    metrics.add("c", torch.full((d.env.rank + 1,), r), reduce="cat")
+    if d.env.rank == 0:
+        metrics.add("only0", 7.0)  # a name one rank never saw still reduces (neutral elsewhere)
+    return metrics.compute()
+
+
+def scenario_compile(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any] | None:
+    from phalanx.train import model_state_dict
+
+    cfg = config("data.batch_size=8", "train.max_steps=2", "train.compile=true")
+    trainer, _ = trainer_run(d, cfg, regression_data())
+    state = model_state_dict(trainer.model)
+    probe = torch.randn(5, DIM, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        compiled_out = trainer.model(probe).flatten().tolist()
+    path = Path(args["out"]) / "model.pt"
+    if d.env.is_main_process:
+        torch.save(state, path)
+    phalanx.barrier()
+    eager = make_model()
+    eager.load_state_dict(torch.load(path, weights_only=True))
+    with torch.no_grad():
+        eager_out = eager(probe).flatten().tolist()
+    return {"keys": sorted(state), "compiled": compiled_out, "eager": eager_out}
+
+
+def scenario_bad_step(d: phalanx.Dist, args: dict[str, str]) -> None:
+    trainer = phalanx.Trainer(d, config=config("train.max_steps=1"), model=make_model(),
+                              optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                              train_data=regression_data(), train_step=lambda m, b: None)
+    trainer.fit()
+
+
+def main() -> None:
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    args = {"out": str(out), **dict(a.split("=", 1) for a in sys.argv[3:])}
+    out.mkdir(parents=True, exist_ok=True)
+    with phalanx.distributed(phalanx.DistConfig(timeout_s=60)) as d:
+        result = SCENARIOS[scenario](d, args)
+        if d.env.is_main_process and result is not None:
+            (out / f"{scenario}.json").write_text(json.dumps(result))
+
+
+SCENARIOS = {
+    "parity": scenario_parity, "accumulation": scenario_accumulation, "nan": scenario_nan,
+    "uneven": scenario_uneven, "metrics": scenario_metrics, "compile": scenario_compile,
+    "bad_step": scenario_bad_step,
+}
+
+if __name__ == "__main__":
+    main()
