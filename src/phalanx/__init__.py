@@ -59,17 +59,29 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    # Some load on first use (see _LAZY); all are listed for type checkers.
+    "Callback",
     "ClusterEnv",
     "Config",
     "DataConfig",
+    "Dist",
     "DistConfig",
     "RunConfig",
     "RunDir",
     "TrainConfig",
+    "Trainer",
     "TrainerConfig",
     "UsageError",
     "__version__",
+    "all_gather_object",
+    "all_reduce_scalars",
+    "barrier",
+    "broadcast_object",
     "detect",
+    "distributed",
+    "gather_object",
+    "init",
+    "main_process_first",
     "parse_config",
-    *sorted(_LAZY),
+    "shutdown",
 ]

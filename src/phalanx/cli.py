@@ -27,13 +27,28 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
         description="Start the script on N local processes (torch.distributed.run underneath). "
         "Under 'srun --ntasks-per-node=1' the multi-node flags are filled in from SLURM.",
     )
-    run.add_argument("-n", "--nproc-per-node", type=int, required=True, metavar="N",
-                     help="processes on this node (one per GPU)")
+    run.add_argument(
+        "-n",
+        "--nproc-per-node",
+        type=int,
+        required=True,
+        metavar="N",
+        help="processes on this node (one per GPU)",
+    )
     run.add_argument("--nnodes", type=int, default=1, metavar="M", help="number of nodes")
-    run.add_argument("--node-rank", type=int, default=None, metavar="K",
-                     help="this node's index; node 0 hosts the rendezvous")
-    run.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                     help="rendezvous on the first node (needed with --nnodes > 1)")
+    run.add_argument(
+        "--node-rank",
+        type=int,
+        default=None,
+        metavar="K",
+        help="this node's index; node 0 hosts the rendezvous",
+    )
+    run.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="rendezvous on the first node (needed with --nnodes > 1)",
+    )
     run.add_argument("--rdzv-id", default="phalanx", help="id shared by all nodes of one job")
     run.add_argument("--max-restarts", type=int, default=0, help="elastic restarts on failure")
     run.add_argument("--no-slurm", action="store_true", help="ignore SLURM variables")
@@ -49,8 +64,12 @@ def _add_info(sub: argparse._SubParsersAction[_Parser]) -> None:
         description="Print the detected environment of this process. Fields: " + ", ".join(FIELDS),
     )
     info.add_argument("--json", action="store_true", help="one JSON object (stable field names)")
-    info.add_argument("--launcher", default="auto", choices=("auto", *LAUNCHERS),
-                      help="force a launcher instead of detecting it")
+    info.add_argument(
+        "--launcher",
+        default="auto",
+        choices=("auto", *LAUNCHERS),
+        help="force a launcher instead of detecting it",
+    )
     info.add_argument("--no-slurm", action="store_true", help="ignore SLURM variables")
 
 
@@ -60,8 +79,9 @@ def build_parser() -> _Parser:
         description="Distributed PyTorch training on SLURM clusters and multi-GPU machines.",
     )
     parser.add_argument("--version", action="version", version="phalanx 0.1.0")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                parser_class=_Parser)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     _add_run(sub)
     _add_info(sub)
     return parser

@@ -23,7 +23,9 @@ def _table(records: list[dict[str, object]]) -> str:
     rows = [[str(r[c]) for c in columns] for r in records]
     widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(columns)]
     lines = [columns, *rows]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)) for line in lines)
+    return "\n".join(
+        "  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)) for line in lines
+    )
 
 
 def main() -> None:
@@ -39,8 +41,11 @@ def main() -> None:
         print(_table(records), flush=True)
         total = reduced["rank_plus_one"]
         status = "OK" if total == expected else "WRONG"
-        print(f"all-reduce of (rank + 1) over {env.world_size} ranks = {total:g} "
-              f"(expected {expected}) {status}", flush=True)
+        print(
+            f"all-reduce of (rank + 1) over {env.world_size} ranks = {total:g} "
+            f"(expected {expected}) {status}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

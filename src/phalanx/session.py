@@ -45,15 +45,25 @@ def init(config: Config | DistConfig | None = None, *, env: ClusterEnv | None = 
 def _open_run(handle: Dist, config: Config) -> Dist:
     env = handle.env
     chosen = choose_dir(config, os.environ, create=True) if env.is_main_process else None
-    path = Path(broadcast_object(str(chosen) if chosen else None))
+    shared = broadcast_object(str(chosen) if chosen else None)
+    assert shared is not None, "rank 0 always chooses a run directory"
+    path = Path(shared)
     config = with_dir(config, path)
     run_dir = RunDir(Path(config.run.dir)).ensure()
     if config.dist.setup_logging:
         setup_logging(env, log_file=run_dir.log_file(env.rank))
     log.info(
         "rank %d/%d (local %d/%d, node %d/%d) launcher=%s device=%s backend=%s run_dir=%s",
-        env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank,
-        env.num_nodes, env.launcher, handle.device, handle.backend, run_dir.path,
+        env.rank,
+        env.world_size,
+        env.local_rank,
+        env.local_world_size,
+        env.node_rank,
+        env.num_nodes,
+        env.launcher,
+        handle.device,
+        handle.backend,
+        run_dir.path,
     )
     if env.is_main_process:
         write_config(config, run_dir)

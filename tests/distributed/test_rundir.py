@@ -34,9 +34,20 @@ def test_launcher_resolves_once_and_every_rank_reads_the_same_bytes(tmp_path: Pa
     cfg.write_text("train:\n  lr: 0.5\n  steps: 9\n")
     root = tmp_path / "runs"
     result = run(
-        [str(VENV_BIN / "phalanx"), "run", "-n", "2", PROBE, "--config", str(cfg),
-         "train.lr=0.25", f"run.root={root}", "run.name=exp"],
-        timeout=150, env=base_env(SECRETS),
+        [
+            str(VENV_BIN / "phalanx"),
+            "run",
+            "-n",
+            "2",
+            PROBE,
+            "--config",
+            str(cfg),
+            "train.lr=0.25",
+            f"run.root={root}",
+            "run.name=exp",
+        ],
+        timeout=150,
+        env=base_env(SECRETS),
     )
     assert result.returncode == 0, result.stderr
     run_dir = _only_run_dir(root)
@@ -81,8 +92,9 @@ def test_bad_config_stops_before_any_worker(tmp_path: Path) -> None:
 def test_concurrent_runs_get_their_own_directories(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     cmd = [str(VENV_BIN / "python"), PROBE, f"run.root={root}", "run.name=same"]
-    procs = [subprocess.Popen(cmd, env=base_env(), stderr=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    procs = [
+        subprocess.Popen(cmd, env=base_env(), stderr=subprocess.PIPE, text=True) for _ in range(3)
+    ]
     try:
         errors = [p.communicate(timeout=90)[1] for p in procs]
     finally:
@@ -102,12 +114,14 @@ def test_continue_a_run_reuses_its_directory_and_dry_run_keeps_nothing(tmp_path:
     first = run([str(VENV_BIN / "python"), PROBE, f"run.root={root}"], timeout=90)
     assert first.returncode == 0, first.stderr
     run_dir = _only_run_dir(root)
-    again = run([str(VENV_BIN / "python"), PROBE, "--config", str(run_dir / "config.yaml")],
-                timeout=90)
+    again = run(
+        [str(VENV_BIN / "python"), PROBE, "--config", str(run_dir / "config.yaml")], timeout=90
+    )
     assert again.returncode == 0, again.stderr
     assert _only_run_dir(root) == run_dir
     dry_root = tmp_path / "dry"
-    dry = run([str(VENV_BIN / "python"), PROBE, f"run.root={dry_root}", "run.dry_run=true"],
-              timeout=90)
+    dry = run(
+        [str(VENV_BIN / "python"), PROBE, f"run.root={dry_root}", "run.dry_run=true"], timeout=90
+    )
     assert dry.returncode == 0, dry.stderr
     assert not dry_root.exists()

@@ -1,4 +1,4 @@
-"""The Trainer on real gloo ranks: parity, accumulation, NaN guard, uneven data, metrics, compile."""
+"""The Trainer on real gloo ranks: parity, accumulation, NaN guard, uneven data, compile."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ pytestmark = pytest.mark.dist
 
 
 def scenario(tmp_path: Path, name: str, *args: str, ranks: int = 2) -> dict[str, Any]:
-    result = run([str(VENV_BIN / "phalanx"), "run", "-n", str(ranks), WORKER, name,
-                  str(tmp_path), *args], timeout=150)
+    result = run(
+        [str(VENV_BIN / "phalanx"), "run", "-n", str(ranks), WORKER, name, str(tmp_path), *args],
+        timeout=150,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((tmp_path / f"{name}.json").read_text())  # type: ignore[no-any-return]
 
@@ -58,14 +60,16 @@ def test_nan_on_one_rank_skip_equals_removing_the_batch(tmp_path: Path, opt: str
 
 @pytest.mark.timeout(180)
 def test_nan_stop_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
-    result = run([str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, "nan", str(tmp_path),
-                  "policy=stop"], timeout=150)
+    result = run(
+        [str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, "nan", str(tmp_path), "policy=stop"],
+        timeout=150,
+    )
     assert result.returncode != 0
     message = "error: non-finite loss on rank(s) [1] at step 3; stopping all ranks"
     for rank in (0, 1):
         assert f"[rank {rank}] {message}" in result.stderr, result.stderr[-3000:]
     # torchrun reports the failed workers; the workers themselves print no traceback.
-    assert "trainer_worker.py\", line" not in result.stderr
+    assert 'trainer_worker.py", line' not in result.stderr
     assert not (tmp_path / "nan.json").exists()
 
 
@@ -95,22 +99,29 @@ def test_compiled_ddp_checkpoint_loads_into_an_eager_model(tmp_path: Path) -> No
 
 @pytest.mark.timeout(60)
 def test_step_function_without_loss_is_a_one_line_error(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, WORKER, "bad_step", str(tmp_path)],
-                          capture_output=True, text=True, env=base_env(), timeout=50,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, WORKER, "bad_step", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=base_env(),
+        timeout=50,
+        check=False,
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "error: train_step must return the loss tensor or a dict with a 'loss' tensor; "
-        "got NoneType"
+        "error: train_step must return the loss tensor or a dict with a 'loss' tensor; got NoneType"
     ]
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("train.precision=bf61", "train.precision='bf61' is not one of: fp32, bf16, fp16"),
-    ("train.grad_accum=0", "train.grad_accum=0 must be >= 1"),
-    ("train.nan_policy=ignore", "is not one of: skip, stop, count"),
-    ("data.batch_size=0", "data.batch_size=0 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.precision=bf61", "train.precision='bf61' is not one of: fp32, bf16, fp16"),
+        ("train.grad_accum=0", "train.grad_accum=0 must be >= 1"),
+        ("train.nan_policy=ignore", "is not one of: skip, stop, count"),
+        ("data.batch_size=0", "data.batch_size=0 must be >= 1"),
+    ],
+)
 def test_bad_trainer_config(override: str, message: str) -> None:
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load(TrainerConfig, overrides=[override])

@@ -17,8 +17,9 @@ from tests.support.envtables import geometry, openmpi, srun
 from tests.support.procs import VENV_BIN, base_env, run
 
 
-def phalanx(*args: str, extra: dict[str, str] | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def phalanx(
+    *args: str, extra: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return run([str(VENV_BIN / "phalanx"), *args], timeout=60, env=base_env(extra), cwd=cwd)
 
 
@@ -54,29 +55,48 @@ def script(tmp_path: Path) -> str:
 
 
 BAD_INPUT = {
-    "unknown-launcher": (["info", "--launcher", "foo"], {},
-                         ["phalanx info: error:", "invalid choice: 'foo'", "torchrun"]),
+    "unknown-launcher": (
+        ["info", "--launcher", "foo"],
+        {},
+        ["phalanx info: error:", "invalid choice: 'foo'", "torchrun"],
+    ),
     "unknown-command": (["frobnicate"], {}, ["invalid choice: 'frobnicate'"]),
     "no-command": ([], {}, ["required: COMMAND"]),
-    "nproc-zero": (["run", "-n", "0", "x.py"], {},
-                   ["phalanx run: error:", "-n/--nproc-per-node must be >= 1", "got 0"]),
+    "nproc-zero": (
+        ["run", "-n", "0", "x.py"],
+        {},
+        ["phalanx run: error:", "-n/--nproc-per-node must be >= 1", "got 0"],
+    ),
     "nproc-not-int": (["run", "-n", "abc", "x.py"], {}, ["invalid int value: 'abc'"]),
     "nproc-missing": (["run", "x.py"], {}, ["required: -n/--nproc-per-node"]),
-    "master-port": (["info"], {"MASTER_PORT": "abc"},
-                    ["phalanx info: error:", "MASTER_PORT='abc'", "1..65535"]),
-    "slurm-inconsistent": (["info", "--json"], srun(3, 1, 1, SLURM_STEP_NUM_TASKS="5"),
-                           ["inconsistent SLURM variables", "SLURM_STEP_NUM_TASKS=5"]),
-    "slurm-bad-nodelist": (["info"], srun(0, 0, 0, SLURM_STEP_NODELIST="node[01-02"),
-                           ["unmatched '['"]),
-    "forced-missing": (["info", "--launcher", "torchrun"], {},
-                       ["'torchrun' was asked for", "RANK, WORLD_SIZE, LOCAL_RANK"]),
+    "master-port": (
+        ["info"],
+        {"MASTER_PORT": "abc"},
+        ["phalanx info: error:", "MASTER_PORT='abc'", "1..65535"],
+    ),
+    "slurm-inconsistent": (
+        ["info", "--json"],
+        srun(3, 1, 1, SLURM_STEP_NUM_TASKS="5"),
+        ["inconsistent SLURM variables", "SLURM_STEP_NUM_TASKS=5"],
+    ),
+    "slurm-bad-nodelist": (
+        ["info"],
+        srun(0, 0, 0, SLURM_STEP_NODELIST="node[01-02"),
+        ["unmatched '['"],
+    ),
+    "forced-missing": (
+        ["info", "--launcher", "torchrun"],
+        {},
+        ["'torchrun' was asked for", "RANK, WORLD_SIZE, LOCAL_RANK"],
+    ),
     "missing-script": (["run", "-n", "1", "missing.py"], {}, ["script 'missing.py' not found"]),
 }
 
 
 @pytest.mark.parametrize(("args", "extra", "words"), BAD_INPUT.values(), ids=BAD_INPUT.keys())
-def test_bad_input(tmp_path: Path, args: list[str], extra: dict[str, str],
-                   words: list[str]) -> None:
+def test_bad_input(
+    tmp_path: Path, args: list[str], extra: dict[str, str], words: list[str]
+) -> None:
     assert_usage_error(phalanx(*args, extra=extra, cwd=tmp_path), words)
 
 
@@ -101,8 +121,9 @@ def test_run_inside_srun_with_two_tasks_per_node_is_refused(script: str) -> None
 
 def test_mpi_without_mpi4py_or_master_addr(no_mpi4py_path: str) -> None:
     extra = {**openmpi(0, 2, 0, 1), "PYTHONPATH": no_mpi4py_path}
-    blocked = run([str(VENV_BIN / "python"), "-c", "import mpi4py"], timeout=60,
-                  env=base_env(extra))
+    blocked = run(
+        [str(VENV_BIN / "python"), "-c", "import mpi4py"], timeout=60, env=base_env(extra)
+    )
     assert blocked.returncode == 1 and "ModuleNotFoundError" in blocked.stderr, blocked.stderr
     result = phalanx("info", extra=extra)
     assert_usage_error(result, ["under mpirun", "pip install mpi4py", "MASTER_ADDR"])
@@ -115,12 +136,21 @@ def test_mpi_without_mpi4py_or_master_addr(no_mpi4py_path: str) -> None:
     ("args", "extra", "expected"),
     [
         (["info", "--json"], {}, geometry(0, 0, 1, 1, 0, 1, "127.0.0.1", 0, "local", None)),
-        (["info", "--json"], srun(3, 1, 1, SLURMD_NODENAME="node02", MASTER_PORT="2345"),
-         geometry(3, 1, 4, 2, 1, 2, "node01", 2345, "slurm", "4242")),
-        (["info", "--json", "--no-slurm"], srun(3, 1, 1),
-         geometry(0, 0, 1, 1, 0, 1, "127.0.0.1", 0, "local", "4242")),
-        (["info", "--json", "--launcher", "local"], srun(3, 1, 1),
-         geometry(0, 0, 1, 1, 0, 1, "127.0.0.1", 0, "local", "4242")),
+        (
+            ["info", "--json"],
+            srun(3, 1, 1, SLURMD_NODENAME="node02", MASTER_PORT="2345"),
+            geometry(3, 1, 4, 2, 1, 2, "node01", 2345, "slurm", "4242"),
+        ),
+        (
+            ["info", "--json", "--no-slurm"],
+            srun(3, 1, 1),
+            geometry(0, 0, 1, 1, 0, 1, "127.0.0.1", 0, "local", "4242"),
+        ),
+        (
+            ["info", "--json", "--launcher", "local"],
+            srun(3, 1, 1),
+            geometry(0, 0, 1, 1, 0, 1, "127.0.0.1", 0, "local", "4242"),
+        ),
     ],
     ids=["local", "srun", "no-slurm", "forced-local"],
 )
@@ -142,10 +172,12 @@ def test_info_text_names_every_field() -> None:
 
 @pytest.mark.parametrize(
     ("args", "words"),
-    [(["--help"], ["run", "info", "COMMAND"]),
-     (["run", "--help"], ["--nproc-per-node", "--rdzv-endpoint", "--max-restarts", "-m"]),
-     (["info", "--help"], ["--json", "--launcher", *FIELDS]),
-     (["--version"], ["phalanx 0.1.0"])],
+    [
+        (["--help"], ["run", "info", "COMMAND"]),
+        (["run", "--help"], ["--nproc-per-node", "--rdzv-endpoint", "--max-restarts", "-m"]),
+        (["info", "--help"], ["--json", "--launcher", *FIELDS]),
+        (["--version"], ["phalanx 0.1.0"]),
+    ],
 )
 def test_help_exits_zero(args: list[str], words: list[str]) -> None:
     result = phalanx(*args)

@@ -107,8 +107,14 @@ def test_wants_config_detects_phalanx_syntax() -> None:
 
 
 def _script(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, PROBE, *args], capture_output=True, text=True,
-                          env=base_env(), timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, PROBE, *args],
+        capture_output=True,
+        text=True,
+        env=base_env(),
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.mark.timeout(90)

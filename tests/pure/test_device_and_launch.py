@@ -15,15 +15,31 @@ from tests.support.envtables import hydra, openmpi, srun, torchrun
 
 
 def node(local_rank: int, local_world_size: int) -> ClusterEnv:
-    return ClusterEnv(rank=local_rank, local_rank=local_rank, world_size=local_world_size,
-                      local_world_size=local_world_size, node_rank=0, num_nodes=1,
-                      master_addr="h", master_port=1, launcher="slurm", job_id="1")
+    return ClusterEnv(
+        rank=local_rank,
+        local_rank=local_rank,
+        world_size=local_world_size,
+        local_world_size=local_world_size,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="h",
+        master_port=1,
+        launcher="slurm",
+        job_id="1",
+    )
 
 
 @pytest.mark.parametrize(
     ("local_rank", "local_world_size", "gpus", "device"),
-    [(2, 4, 4, "cuda:2"), (7, 8, 8, "cuda:7"), (1, 2, 2, "cuda:1"), (0, 1, 1, "cuda:0"),
-     (3, 4, 1, "cuda:0"), (0, 1, 0, "cpu"), (3, 4, 0, "cpu")],
+    [
+        (2, 4, 4, "cuda:2"),
+        (7, 8, 8, "cuda:7"),
+        (1, 2, 2, "cuda:1"),
+        (0, 1, 1, "cuda:0"),
+        (3, 4, 1, "cuda:0"),
+        (0, 1, 0, "cpu"),
+        (3, 4, 0, "cpu"),
+    ],
 )
 def test_select_device(local_rank: int, local_world_size: int, gpus: int, device: str) -> None:
     assert select_device(node(local_rank, local_world_size), gpus) == device
@@ -34,15 +50,27 @@ def test_select_device_refuses_shared_or_skipped_gpus(local_world_size: int, gpu
     with pytest.raises(UsageError) as caught:
         select_device(node(0, local_world_size), gpus)
     message = str(caught.value)
-    for word in (f"{gpus} GPUs", f"{local_world_size} ranks", f"--ntasks-per-node={gpus}",
-                 f"phalanx run -n {gpus}", "--gpus-per-task=1", "CUDA_VISIBLE_DEVICES"):
+    for word in (
+        f"{gpus} GPUs",
+        f"{local_world_size} ranks",
+        f"--ntasks-per-node={gpus}",
+        f"phalanx run -n {gpus}",
+        "--gpus-per-task=1",
+        "CUDA_VISIBLE_DEVICES",
+    ):
         assert word in message, message
 
 
 @pytest.mark.parametrize(
     ("requested", "device", "backend"),
-    [("auto", "cuda:0", "nccl"), ("auto", "cuda:3", "nccl"), ("auto", "cpu", "gloo"),
-     ("gloo", "cuda:1", "gloo"), ("gloo", "cpu", "gloo"), ("nccl", "cuda:0", "nccl")],
+    [
+        ("auto", "cuda:0", "nccl"),
+        ("auto", "cuda:3", "nccl"),
+        ("auto", "cpu", "gloo"),
+        ("gloo", "cuda:1", "gloo"),
+        ("gloo", "cpu", "gloo"),
+        ("nccl", "cuda:0", "nccl"),
+    ],
 )
 def test_select_backend(requested: str, device: str, backend: str) -> None:
     assert select_backend(requested, device) == backend
@@ -50,8 +78,11 @@ def test_select_backend(requested: str, device: str, backend: str) -> None:
 
 @pytest.mark.parametrize(
     ("requested", "device", "words"),
-    [("nccl", "cpu", ["'nccl' needs a CUDA GPU", "'gloo'"]),
-     ("mpi", "cpu", ["'mpi'", "auto, nccl, gloo"]), ("NCCL", "cuda:0", ["'NCCL'"])],
+    [
+        ("nccl", "cpu", ["'nccl' needs a CUDA GPU", "'gloo'"]),
+        ("mpi", "cpu", ["'mpi'", "auto, nccl, gloo"]),
+        ("NCCL", "cuda:0", ["'NCCL'"]),
+    ],
 )
 def test_select_backend_refused(requested: str, device: str, words: list[str]) -> None:
     with pytest.raises(UsageError) as caught:
@@ -77,8 +108,10 @@ def script(tmp_path: Path) -> str:
         ({"node_rank": -1}, ["--node-rank -1"]),
         ({"max_restarts": -1}, ["--max-restarts must be >= 0"]),
         ({"nnodes": 2}, ["--nnodes 2 needs --rdzv-endpoint HOST:PORT"]),
-        *[({"nnodes": 2, "rdzv_endpoint": bad}, [f"{bad!r} is not HOST:PORT"])
-          for bad in ("node01", "node01:", ":29400", "node01:abc", "node01:0", "node01:70000")],
+        *[
+            ({"nnodes": 2, "rdzv_endpoint": bad}, [f"{bad!r} is not HOST:PORT"])
+            for bad in ("node01", "node01:", ":29400", "node01:abc", "node01:0", "node01:70000")
+        ],
         ({"script": "missing.py"}, ["script 'missing.py' not found", "-m MODULE"]),
     ],
 )
@@ -103,22 +136,41 @@ def test_torchrun_argv_single_node(script: str) -> None:
     assert torchrun_argv(spec) == ["--nproc-per-node=2", "--standalone", script, "--lr", "0.1"]
 
 
-@pytest.mark.parametrize(("node_rank", "conf"), [(0, ["--rdzv-conf=is_host=1"]),
-                                                 (1, ["--rdzv-conf=is_host=0"]), (None, [])])
+@pytest.mark.parametrize(
+    ("node_rank", "conf"),
+    [(0, ["--rdzv-conf=is_host=1"]), (1, ["--rdzv-conf=is_host=0"]), (None, [])],
+)
 def test_torchrun_argv_several_nodes(script: str, node_rank: int | None, conf: list[str]) -> None:
-    spec = RunSpec(nproc_per_node=4, script=script, nnodes=2, node_rank=node_rank,
-                   rdzv_endpoint="node01:29400", rdzv_id="job7")
+    spec = RunSpec(
+        nproc_per_node=4,
+        script=script,
+        nnodes=2,
+        node_rank=node_rank,
+        rdzv_endpoint="node01:29400",
+        rdzv_id="job7",
+    )
     assert torchrun_argv(spec) == [
-        "--nproc-per-node=4", "--nnodes=2", "--rdzv-backend=c10d",
-        "--rdzv-endpoint=node01:29400", "--rdzv-id=job7", *conf, script,
+        "--nproc-per-node=4",
+        "--nnodes=2",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=node01:29400",
+        "--rdzv-id=job7",
+        *conf,
+        script,
     ]
 
 
 def test_torchrun_argv_module_and_restarts() -> None:
-    spec = RunSpec(nproc_per_node=1, script="pkg.train", module=True, max_restarts=3,
-                   script_args=("--x",))
+    spec = RunSpec(
+        nproc_per_node=1, script="pkg.train", module=True, max_restarts=3, script_args=("--x",)
+    )
     assert torchrun_argv(spec) == [
-        "--nproc-per-node=1", "--standalone", "--max-restarts=3", "--module", "pkg.train", "--x",
+        "--nproc-per-node=1",
+        "--standalone",
+        "--max-restarts=3",
+        "--module",
+        "pkg.train",
+        "--x",
     ]
 
 
@@ -132,16 +184,28 @@ def test_torchrun_accepts_the_argv(script: str) -> None:
     """The flags are torch.distributed.run's own (its parser, no process started)."""
     from torch.distributed.run import get_args_parser
 
-    spec = RunSpec(nproc_per_node=4, script=script, script_args=("--lr", "1"), nnodes=2,
-                   node_rank=1, rdzv_endpoint="node01:29400", rdzv_id="j.0", max_restarts=2)
+    spec = RunSpec(
+        nproc_per_node=4,
+        script=script,
+        script_args=("--lr", "1"),
+        nnodes=2,
+        node_rank=1,
+        rdzv_endpoint="node01:29400",
+        rdzv_id="j.0",
+        max_restarts=2,
+    )
     args = get_args_parser().parse_args(torchrun_argv(spec))
     assert (args.nproc_per_node, args.nnodes, args.rdzv_backend) == ("4", "2", "c10d")
-    assert (args.rdzv_endpoint, args.rdzv_id, args.rdzv_conf) == ("node01:29400", "j.0",
-                                                                  "is_host=0")
+    assert (args.rdzv_endpoint, args.rdzv_id, args.rdzv_conf) == (
+        "node01:29400",
+        "j.0",
+        "is_host=0",
+    )
     assert (args.max_restarts, args.standalone, args.module) == (2, False, False)
     assert (args.training_script, args.training_script_args) == (script, ["--lr", "1"])
-    single = get_args_parser().parse_args(torchrun_argv(RunSpec(nproc_per_node=1, script="m",
-                                                                 module=True)))
+    single = get_args_parser().parse_args(
+        torchrun_argv(RunSpec(nproc_per_node=1, script="m", module=True))
+    )
     assert single.standalone and single.module and single.training_script == "m"
 
 
@@ -167,11 +231,18 @@ def test_plan_run_fills_in_multi_node_flags_under_srun(script: str) -> None:
         (torchrun(0, 0, 1, 1), True, {}),
         (openmpi(0, 2, 0, 1), True, {}),
     ],
-    ids=["one-node-step", "slurm-off", "user-flags-kept", "no-launcher", "torchrun-1-local",
-         "mpirun-1-local"],
+    ids=[
+        "one-node-step",
+        "slurm-off",
+        "user-flags-kept",
+        "no-launcher",
+        "torchrun-1-local",
+        "mpirun-1-local",
+    ],
 )
-def test_plan_run_keeps_the_spec(script: str, environ: dict[str, str], slurm: bool,
-                                 fields: dict[str, object]) -> None:
+def test_plan_run_keeps_the_spec(
+    script: str, environ: dict[str, str], slurm: bool, fields: dict[str, object]
+) -> None:
     spec = RunSpec(nproc_per_node=2, script=script, **fields)  # type: ignore[arg-type]
     assert plan_run(spec, environ, slurm=slurm) == spec
 
@@ -179,16 +250,24 @@ def test_plan_run_keeps_the_spec(script: str, environ: dict[str, str], slurm: bo
 @pytest.mark.parametrize(
     ("environ", "words"),
     [
-        (srun(3, 1, 1), ["srun step with 2 tasks on this node", "double spawn",
-                         "--ntasks-per-node=1"]),
+        (
+            srun(3, 1, 1),
+            ["srun step with 2 tasks on this node", "double spawn", "--ntasks-per-node=1"],
+        ),
         (torchrun(1, 1, 2, 2), ["inside torchrun with 2 processes", "double spawn"]),
         (openmpi(1, 4, 1, 4), ["inside mpirun with 4 processes", "double spawn"]),
         (hydra(1, 2, 1, 2), ["inside mpirun with 2 processes", "double spawn"]),
         (srun(3, 1, 1, SLURM_STEP_NUM_TASKS="3"), ["2 tasks on this node"]),
         (srun(0, 0, 0, tasks="1(x2)", SLURM_STEP_NUM_NODES="3"), ["SLURM_STEP_NUM_NODES=3"]),
     ],
-    ids=["srun-2-per-node", "torchrun", "openmpi", "hydra", "srun-checked-first",
-         "inconsistent-slurm"],
+    ids=[
+        "srun-2-per-node",
+        "torchrun",
+        "openmpi",
+        "hydra",
+        "srun-checked-first",
+        "inconsistent-slurm",
+    ],
 )
 def test_plan_run_refused(script: str, environ: dict[str, str], words: list[str]) -> None:
     with pytest.raises(UsageError) as caught:

@@ -49,8 +49,14 @@ TABLES = {
         geometry(3, 3, 4, 4, 0, 1, "h0", 29500, "torchrun", None),
     ),
     "manual-env-two-nodes": (
-        {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-         "MASTER_ADDR": "h0", "MASTER_PORT": "1234"},
+        {
+            "RANK": "3",
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": "1",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "h0",
+            "MASTER_PORT": "1234",
+        },
         geometry(3, 1, 4, 2, 1, 2, "h0", 1234, "torchrun", None),
     ),
     "slurm-2x2": (
@@ -100,11 +106,13 @@ def test_table(environ: dict[str, str], expected: dict[str, object]) -> None:
 
 MPI_TABLES = {
     "openmpi-mpi4py-block": (
-        openmpi(2, 4, 0, 2), exchange(["a", "a", "b", "b"], 41000),
+        openmpi(2, 4, 0, 2),
+        exchange(["a", "a", "b", "b"], 41000),
         geometry(2, 0, 4, 2, 1, 2, "a", 41000, "mpi", "3245932545"),
     ),
     "openmpi-mpi4py-round-robin": (
-        openmpi(1, 4, 0, 2), exchange(["a", "b", "a", "b"], 41000),
+        openmpi(1, 4, 0, 2),
+        exchange(["a", "b", "a", "b"], 41000),
         geometry(1, 0, 4, 2, 1, 2, "a", 41000, "mpi", "3245932545"),
     ),
     "openmpi-mpi4py-master-env-wins": (
@@ -113,15 +121,18 @@ MPI_TABLES = {
         geometry(0, 0, 2, 1, 0, 2, "10.1.1.1", 3000, "mpi", "3245932545"),
     ),
     "openmpi-master-addr": (
-        openmpi(3, 4, 1, 2, MASTER_ADDR="a"), no_mpi4py,
+        openmpi(3, 4, 1, 2, MASTER_ADDR="a"),
+        no_mpi4py,
         geometry(3, 1, 4, 2, 1, 2, "a", derive_port("3245932545", "0"), "mpi", "3245932545"),
     ),
     "mpich-hydra-mpi4py": (
-        hydra(5, 6, 2, 3, PMI_JOBID="77"), exchange(["x"] * 3 + ["y"] * 3, 42000),
+        hydra(5, 6, 2, 3, PMI_JOBID="77"),
+        exchange(["x"] * 3 + ["y"] * 3, 42000),
         geometry(5, 2, 6, 3, 1, 2, "x", 42000, "mpi", "77"),
     ),
     "mpich-hydra-master-addr": (
-        hydra(5, 6, 2, 3, MASTER_ADDR="x"), no_mpi4py,
+        hydra(5, 6, 2, 3, MASTER_ADDR="x"),
+        no_mpi4py,
         geometry(5, 2, 6, 3, 1, 2, "x", 29500, "mpi", None),
     ),
     "intel-mpi-mpi4py": (
@@ -130,16 +141,19 @@ MPI_TABLES = {
         geometry(1, 1, 2, 2, 0, 1, "n1", 43000, "mpi", None),
     ),
     "openmpi-inside-sbatch-is-mpi": (
-        {**srun(0, 0, 0), **openmpi(1, 2, 1, 2)}, exchange(["c", "c"], 44000),
+        {**srun(0, 0, 0), **openmpi(1, 2, 1, 2)},
+        exchange(["c", "c"], 44000),
         geometry(1, 1, 2, 2, 0, 1, "c", 44000, "mpi", "4242"),
     ),
 }
 
 
-@pytest.mark.parametrize(("environ", "mpi_exchange", "expected"), MPI_TABLES.values(),
-                         ids=MPI_TABLES.keys())
-def test_mpi_table(environ: dict[str, str], mpi_exchange: Exchange,
-                   expected: dict[str, object]) -> None:
+@pytest.mark.parametrize(
+    ("environ", "mpi_exchange", "expected"), MPI_TABLES.values(), ids=MPI_TABLES.keys()
+)
+def test_mpi_table(
+    environ: dict[str, str], mpi_exchange: Exchange, expected: dict[str, object]
+) -> None:
     assert detect(environ, mpi_exchange=mpi_exchange).as_dict() == expected
 
 
@@ -159,8 +173,14 @@ def test_pmi_rank_alone_is_an_srun_task_not_mpi() -> None:
         (openmpi(0, 2, 0, 1, OMPI_COMM_WORLD_RANK="x"), no_mpi4py, ["OMPI_COMM_WORLD_RANK='x'"]),
         (openmpi(2, 2, 0, 1, MASTER_ADDR="a"), no_mpi4py, ["rank=2 not in 0..1"]),
     ],
-    ids=["openmpi-nothing", "hydra-nothing", "mpi4py-other-mpi", "uneven-fill", "not-int",
-         "rank-too-big"],
+    ids=[
+        "openmpi-nothing",
+        "hydra-nothing",
+        "mpi4py-other-mpi",
+        "uneven-fill",
+        "not-int",
+        "rank-too-big",
+    ],
 )
 def test_mpi_refused(environ: dict[str, str], mpi_exchange: Exchange, words: list[str]) -> None:
     with pytest.raises(UsageError) as caught:
@@ -188,8 +208,9 @@ def test_mpi_refused(environ: dict[str, str], mpi_exchange: Exchange, words: lis
         ({"MASTER_PORT": "70000"}, ["MASTER_PORT='70000'"]),
         ({"MASTER_PORT": "0"}, ["MASTER_PORT='0'"]),
     ],
-    ids=lambda value: "-".join(f"{k}={v}" for k, v in value.items())
-    if isinstance(value, dict) else None,
+    ids=lambda value: (
+        "-".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else None
+    ),
 )
 def test_inconsistent_slurm(overrides: Env, words: list[str]) -> None:
     environ = {**srun(3, 1, 1), **overrides}
@@ -238,21 +259,26 @@ def test_every_task_of_a_step_derives_the_same_port() -> None:
 
 
 PRIORITY = {
-    "torchrun-beats-srun": ({**srun(1, 0, 1, tasks="1(x2)"), **torchrun(1, 1, 4, 2)}, {},
-                            "torchrun"),
+    "torchrun-beats-srun": (
+        {**srun(1, 0, 1, tasks="1(x2)"), **torchrun(1, 1, 4, 2)},
+        {},
+        "torchrun",
+    ),
     "torchrun-beats-mpi": ({**openmpi(0, 1, 0, 1), **torchrun(0, 0, 1, 1)}, {}, "torchrun"),
     "mpi-beats-srun": ({**srun(3, 1, 1), **openmpi(0, 2, 0, 2)}, {}, "mpi"),
     "slurm-false-is-local": (srun(3, 1, 1), {"slurm": False}, "local"),
     "forced-local-in-torchrun": (torchrun(1, 1, 2, 2), {"launcher": "local"}, "local"),
-    "forced-slurm-in-torchrun": ({**srun(3, 1, 1), **torchrun(0, 0, 1, 1)},
-                                 {"launcher": "slurm"}, "slurm"),
+    "forced-slurm-in-torchrun": (
+        {**srun(3, 1, 1), **torchrun(0, 0, 1, 1)},
+        {"launcher": "slurm"},
+        "slurm",
+    ),
     "forced-mpi": ({**srun(3, 1, 1), **hydra(0, 2, 0, 2)}, {"launcher": "mpi"}, "mpi"),
     "auto": (srun(3, 1, 1), {"launcher": "auto"}, "slurm"),
 }
 
 
-@pytest.mark.parametrize(("environ", "kwargs", "launcher"), PRIORITY.values(),
-                         ids=PRIORITY.keys())
+@pytest.mark.parametrize(("environ", "kwargs", "launcher"), PRIORITY.values(), ids=PRIORITY.keys())
 def test_priority(environ: Env, kwargs: dict[str, object], launcher: str) -> None:
     env = detect(environ, mpi_exchange=exchange(["h0", "h0"], 45000), **kwargs)  # type: ignore[arg-type]
     assert env.launcher == launcher
@@ -269,8 +295,15 @@ def test_priority(environ: Env, kwargs: dict[str, object], launcher: str) -> Non
         ({"TORCHELASTIC_RUN_ID": "x"}, {}, ["missing WORLD_SIZE"]),
         ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}, {}, ["without MASTER_ADDR"]),
     ],
-    ids=["torchrun", "mpi", "slurm-batch", "slurm-off", "unknown", "elastic-id-only",
-         "no-master-addr"],
+    ids=[
+        "torchrun",
+        "mpi",
+        "slurm-batch",
+        "slurm-off",
+        "unknown",
+        "elastic-id-only",
+        "no-master-addr",
+    ],
 )
 def test_refused(environ: Env, kwargs: dict[str, object], words: list[str]) -> None:
     with pytest.raises(UsageError) as caught:

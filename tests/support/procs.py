@@ -19,7 +19,8 @@ def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The test's environment without launcher variables, plus the venv on PATH."""
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     env = {
-        k: v for k, v in os.environ.items()
+        k: v
+        for k, v in os.environ.items()
         if k not in drop and not k.startswith(("SLURM_", "OMPI_", "PMI_", "TORCHELASTIC_"))
     }
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
@@ -29,7 +30,10 @@ def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def run(
-    cmd: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+    cmd: Sequence[str],
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run `cmd` in its own process group; on timeout kill it and all its descendants, then fail.
@@ -38,8 +42,13 @@ def run(
     OpenMPI each rank in its own group, so killing the group alone would leave them running.
     """
     proc = subprocess.Popen(
-        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(env) if env is not None else base_env(), cwd=cwd, start_new_session=True,
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(env) if env is not None else base_env(),
+        cwd=cwd,
+        start_new_session=True,
     )
     try:
         out, err = proc.communicate(timeout=timeout)

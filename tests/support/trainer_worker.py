@@ -57,16 +57,24 @@ def flat_params(model: nn.Module) -> list[float]:
     return torch.cat([p.detach().flatten() for p in unwrap(model).parameters()]).tolist()
 
 
-def trainer_run(d: phalanx.Dist, cfg: phalanx.TrainerConfig, data: Any, opt: str = "sgd",
-                eval_data: Any = None) -> tuple[phalanx.Trainer, list[dict[str, Any]]]:
+def trainer_run(
+    d: phalanx.Dist, cfg: phalanx.TrainerConfig, data: Any, opt: str = "sgd", eval_data: Any = None
+) -> tuple[phalanx.Trainer, list[dict[str, Any]]]:
     factories = {
         "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
         "adam": lambda p: torch.optim.Adam(p, lr=0.01),
         "adamw_fused": lambda p: torch.optim.AdamW(p, lr=0.01, fused=True),
     }
-    trainer = phalanx.Trainer(d, config=cfg, model=make_model(), optimizer=factories[opt],
-                              train_data=data, train_step=mse_step, eval_data=eval_data,
-                              eval_step=per_sample_eval if eval_data is not None else None)
+    trainer = phalanx.Trainer(
+        d,
+        config=cfg,
+        model=make_model(),
+        optimizer=factories[opt],
+        train_data=data,
+        train_step=mse_step,
+        eval_data=eval_data,
+        eval_step=per_sample_eval if eval_data is not None else None,
+    )
     return trainer, trainer.fit()
 
 
@@ -79,7 +87,7 @@ def hand_loop(d: phalanx.Dist, data: TensorDataset, batch: int, steps: int) -> d
     world, rank = d.env.world_size, d.env.rank
     for k in range(steps):
         lo = k * batch * world + rank * batch
-        loss = nn.functional.mse_loss(model(x[lo:lo + batch]), y[lo:lo + batch])
+        loss = nn.functional.mse_loss(model(x[lo : lo + batch]), y[lo : lo + batch])
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -92,25 +100,30 @@ def hand_loop(d: phalanx.Dist, data: TensorDataset, batch: int, steps: int) -> d
 def scenario_parity(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     data = regression_data()
     steps = N // (8 * d.env.world_size)
-    trainer, history = trainer_run(d, config("data.batch_size=8", f"train.max_steps={steps}"),
-                                   data)
+    trainer, history = trainer_run(d, config("data.batch_size=8", f"train.max_steps={steps}"), data)
     hand = hand_loop(d, data, 8, steps)
-    return {"trainer_losses": [h["loss"] for h in history if "loss" in h],
-            "trainer_params": flat_params(trainer.model),
-            **{f"hand_{k}": v for k, v in hand.items()}}
+    return {
+        "trainer_losses": [h["loss"] for h in history if "loss" in h],
+        "trainer_params": flat_params(trainer.model),
+        **{f"hand_{k}": v for k, v in hand.items()},
+    }
 
 
 def scenario_accumulation(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     data = regression_data()
     runs = {}
     for accum, batch in ((4, 3), (1, 12)):  # 4 micro-batches of 3 == one batch of 12
-        cfg = config(f"data.batch_size={batch}", f"train.grad_accum={accum}",
-                     "train.max_steps=4")
+        cfg = config(f"data.batch_size={batch}", f"train.grad_accum={accum}", "train.max_steps=4")
         trainer, history = trainer_run(d, cfg, data)
-        runs[accum] = {"losses": [h["loss"] for h in history if "loss" in h],
-                       "params": flat_params(trainer.model)}
-    return {"accum": runs[4], "single": runs[1],
-            "allreduces": {str(k): count_allreduces(d, k) for k in (1, 4)}}
+        runs[accum] = {
+            "losses": [h["loss"] for h in history if "loss" in h],
+            "params": flat_params(trainer.model),
+        }
+    return {
+        "accum": runs[4],
+        "single": runs[1],
+        "allreduces": {str(k): count_allreduces(d, k) for k in (1, 4)},
+    }
 
 
 def count_allreduces(d: phalanx.Dist, accum: int) -> int:
@@ -121,13 +134,16 @@ def count_allreduces(d: phalanx.Dist, accum: int) -> int:
 
     model = wrap_model(make_model(), d, strategy="ddp")
     parts = StepParts(
-        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), train_step=mse_step,
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+        train_step=mse_step,
         precision=Precision("fp32", d.device),
         guard=NanGuard("skip", d.device, rank=d.env.rank, world_size=d.env.world_size),
-        metrics=Metrics(d.device), clip_grad_norm=0.0,
+        metrics=Metrics(d.device),
+        clip_grad_norm=0.0,
     )
     x, y = regression_data().tensors
-    batches = [(x[i * 3:(i + 1) * 3], y[i * 3:(i + 1) * 3]) for i in range(accum)]
+    batches = [(x[i * 3 : (i + 1) * 3], y[i * 3 : (i + 1) * 3]) for i in range(accum)]
     optimizer_step(parts, batches, step=1)  # warm-up: DDP builds its buckets on the first step
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         optimizer_step(parts, batches, step=2)
@@ -142,25 +158,31 @@ def scenario_nan(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     x, y = regression_data().tensors
     keep = torch.cat([torch.arange(0, 32), torch.arange(48, N)])  # that global batch removed
     reference, _ = trainer_run(d, cfg, TensorDataset(x[keep], y[keep]), opt)
-    return {"params": flat_params(trainer.model), "reference": flat_params(reference.model),
-            "steps": trainer.state.step, "nonfinite": history[-1]["nonfinite_steps"]}
+    return {
+        "params": flat_params(trainer.model),
+        "reference": flat_params(reference.model),
+        "steps": trainer.state.step,
+        "nonfinite": history[-1]["nonfinite_steps"],
+    }
 
 
 def scenario_uneven(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     data = regression_data(100)
     # Batch size 1 in evaluation: a float32 forward may round differently for other batch
     # compositions (BLAS blocking); with single samples only the reduction order differs.
-    cfg = config("data.batch_size=4", "data.eval_batch_size=1", "train.epochs=2",
-                 "train.log_every=3")
-    trainer, history = trainer_run(d, cfg, data, eval_data=data)
+    cfg = config(
+        "data.batch_size=4", "data.eval_batch_size=1", "train.epochs=2", "train.log_every=3"
+    )
+    trainer, _ = trainer_run(d, cfg, data, eval_data=data)
     result = trainer.evaluate()
     single: dict[str, Any] = {}
     if d.env.is_main_process:  # the same model evaluated by one process over everything
         model = unwrap(trainer.model)
         with torch.no_grad():
             outs = [per_sample_eval(model, (x[None], y[None])) for x, y in data]
-        single = {f"eval/{k}": sum(o[k].double().sum().item() for o in outs) / len(data)
-                  for k in outs[0]}
+        single = {
+            f"eval/{k}": sum(o[k].double().sum().item() for o in outs) / len(data) for k in outs[0]
+        }
     return {"distributed": result, "single": single, "steps": trainer.state.step}
 
 
@@ -198,9 +220,14 @@ def scenario_compile(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any] | 
 
 
 def scenario_bad_step(d: phalanx.Dist, args: dict[str, str]) -> None:
-    trainer = phalanx.Trainer(d, config=config("train.max_steps=1"), model=make_model(),
-                              optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-                              train_data=regression_data(), train_step=lambda m, b: None)
+    trainer = phalanx.Trainer(
+        d,
+        config=config("train.max_steps=1"),
+        model=make_model(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        train_data=regression_data(),
+        train_step=lambda m, b: None,
+    )
     trainer.fit()
 
 
@@ -215,8 +242,12 @@ def main() -> None:
 
 
 SCENARIOS = {
-    "parity": scenario_parity, "accumulation": scenario_accumulation, "nan": scenario_nan,
-    "uneven": scenario_uneven, "metrics": scenario_metrics, "compile": scenario_compile,
+    "parity": scenario_parity,
+    "accumulation": scenario_accumulation,
+    "nan": scenario_nan,
+    "uneven": scenario_uneven,
+    "metrics": scenario_metrics,
+    "compile": scenario_compile,
     "bad_step": scenario_bad_step,
 }
 

@@ -60,8 +60,10 @@ def parse_args(cls: type[C], argv: Sequence[str] | None = None) -> ParsedArgs[C]
                 raise UsageError("--config needs a file name: --config FILE.yaml")
             config_file = value
         elif arg.startswith("-"):
-            raise UsageError(f"unknown option {arg!r}; this script takes --config FILE and "
-                             "section.key=VALUE overrides (see --help)")
+            raise UsageError(
+                f"unknown option {arg!r}; this script takes --config FILE and "
+                "section.key=VALUE overrides (see --help)"
+            )
         else:
             overrides.append(arg)
     config = load(cls, file=config_file, overrides=overrides)

@@ -43,8 +43,9 @@ def suggest(key: str, cls: type) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-def build(cls: type[T], data: Mapping[str, Any], *, root: type | None = None,
-          prefix: str = "") -> T:
+def build(
+    cls: type[T], data: Mapping[str, Any], *, root: type | None = None, prefix: str = ""
+) -> T:
     """Instantiate `cls` from `data`, recursing into nested config sections."""
     root = root or cls
     hints = typing.get_type_hints(cls)
@@ -73,14 +74,12 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is Literal:
         text = str(value).lower() if isinstance(value, bool) else str(value)
         if text not in args:
-            raise UsageError(
-                f"config {key}={value!r} is not one of: {', '.join(map(str, args))}"
-            )
+            raise UsageError(f"config {key}={value!r} is not one of: {', '.join(map(str, args))}")
         return text
     if origin in (Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "")):
-            if type(None) in args:
-                return None
+        empty = value is None or (isinstance(value, str) and value.lower() in ("null", "none", ""))
+        if empty and type(None) in args:
+            return None
         inner = [a for a in args if a is not type(None)]
         return coerce(value, inner[0], key)
     if origin in (tuple, list):
@@ -127,6 +126,7 @@ def _scalar(value: Any, tp: Any, key: str) -> Any:
 
 def to_plain(config: Any) -> dict[str, Any]:
     """Nested plain dicts/lists (YAML-safe) of a config dataclass."""
+
     def plain(value: Any) -> Any:
         if isinstance(value, dict):
             return {k: plain(v) for k, v in value.items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import itertools
 import textwrap
 import typing
 from typing import Any
@@ -21,7 +22,7 @@ def field_docs(cls: type) -> dict[str, str]:
         except (OSError, TypeError):
             continue  # defined interactively: no source, no docs
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, after in zip(body, body[1:], strict=False):
+        for node, after in itertools.pairwise(body):
             if (
                 isinstance(node, ast.AnnAssign)
                 and isinstance(node.target, ast.Name)

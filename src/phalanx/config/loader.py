@@ -72,4 +72,4 @@ def load(cls: type[T], *, file: str | Path | None = None, overrides: Iterable[st
 
 def dump(config: Any) -> str:
     """The YAML text of a resolved config (what config.yaml in the run directory holds)."""
-    return yaml.safe_dump(to_plain(config), sort_keys=False, default_flow_style=False)
+    return str(yaml.safe_dump(to_plain(config), sort_keys=False, default_flow_style=False))

@@ -48,8 +48,7 @@ class DistConfig:
 
     def __post_init__(self) -> None:
         check_choice("dist.backend", self.backend, ("auto", "nccl", "gloo"))
-        check_choice("dist.launcher", self.launcher,
-                     ("auto", "torchrun", "mpi", "slurm", "local"))
+        check_choice("dist.launcher", self.launcher, ("auto", "torchrun", "mpi", "slurm", "local"))
         if not self.timeout_s > 0:
             raise UsageError(f"config dist.timeout_s={self.timeout_s} must be > 0 seconds")
         if self.launcher == "slurm" and not self.slurm:

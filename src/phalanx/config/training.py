@@ -1,8 +1,8 @@
 """Config sections of the Trainer: `train` (the loop) and `data` (loaders).
 
-    @dataclass(frozen=True, kw_only=True)
-    class MyConfig(phalanx.TrainerConfig):
-        model: ModelConfig = field(default_factory=ModelConfig)
+@dataclass(frozen=True, kw_only=True)
+class MyConfig(phalanx.TrainerConfig):
+    model: ModelConfig = field(default_factory=ModelConfig)
 """
 
 from __future__ import annotations
@@ -67,11 +67,14 @@ class TrainConfig:
         check_choice("train.nan_policy", self.nan_policy, ("skip", "stop", "count"))
         check_choice("train.lr_scaling", self.lr_scaling, ("none", "linear"))
         for key, value, low in (
-            ("train.epochs", self.epochs, 1), ("train.max_steps", self.max_steps, 0),
-            ("train.grad_accum", self.grad_accum, 1), ("train.log_every", self.log_every, 1),
-            ("train.eval_every", self.eval_every, 0), ("train.warmup_steps", self.warmup_steps, 0),
-            ("train.clip_grad_norm", self.clip_grad_norm, 0), ("train.ddp_bucket_mb",
-                                                                self.ddp_bucket_mb, 0.001),
+            ("train.epochs", self.epochs, 1),
+            ("train.max_steps", self.max_steps, 0),
+            ("train.grad_accum", self.grad_accum, 1),
+            ("train.log_every", self.log_every, 1),
+            ("train.eval_every", self.eval_every, 0),
+            ("train.warmup_steps", self.warmup_steps, 0),
+            ("train.clip_grad_norm", self.clip_grad_norm, 0),
+            ("train.ddp_bucket_mb", self.ddp_bucket_mb, 0.001),
         ):
             _at_least(key, value, low)
 

@@ -101,7 +101,9 @@ def read_int(environ: Mapping[str, str], name: str, *, launcher: str) -> int:
     """Read an integer variable, with a one-line error naming the variable when it is not one."""
     raw = environ.get(name)
     if raw is None:
-        raise UsageError(f"{launcher} environment is missing {name}; was the process started by it?")
+        raise UsageError(
+            f"{launcher} environment is missing {name}; was the process started by it?"
+        )
     try:
         return int(raw.strip())
     except ValueError:

@@ -17,8 +17,12 @@ from phalanx.errors import UsageError
 Exchange = Callable[[], "tuple[list[str], int] | None"]
 """Returns (host name of every rank, in rank order; a free port on rank 0), or None without MPI."""
 
-_OPENMPI = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-            "OMPI_COMM_WORLD_LOCAL_SIZE")
+_OPENMPI = (
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+)
 # Hydra and Intel MPI. PMI_RANK alone is not enough: srun --mpi=pmi2 sets it for plain SLURM tasks.
 _HYDRA = ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 
@@ -93,6 +97,7 @@ def from_mpi(environ: Mapping[str, str], exchange: Exchange = mpi4py_exchange) -
         master_addr=master_addr,
         master_port=read_port(environ, default=port),
         launcher="mpi",
-        job_id=environ.get("SLURM_JOB_ID") or environ.get("OMPI_MCA_ess_base_jobid")
+        job_id=environ.get("SLURM_JOB_ID")
+        or environ.get("OMPI_MCA_ess_base_jobid")
         or environ.get("PMI_JOBID"),
     )

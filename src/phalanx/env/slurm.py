@@ -74,7 +74,10 @@ def _node_rank(environ: Mapping[str, str], hosts: list[str]) -> int:
 
 def from_slurm(environ: Mapping[str, str]) -> ClusterEnv:
     """Geometry of this srun task; counts come from SLURM_STEP_*, never the job-level ones."""
-    read = lambda name: read_int(environ, name, launcher="slurm")  # noqa: E731
+
+    def read(name: str) -> int:
+        return read_int(environ, name, launcher="slurm")
+
     hosts, tasks = _step_layout(environ)
     world_size, num_nodes = read("SLURM_STEP_NUM_TASKS"), read("SLURM_STEP_NUM_NODES")
     if num_nodes != len(hosts) or world_size != sum(tasks):

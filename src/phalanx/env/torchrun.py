@@ -17,7 +17,10 @@ def is_torchrun(environ: Mapping[str, str]) -> bool:
 
 def from_torchrun(environ: Mapping[str, str]) -> ClusterEnv:
     """Read the variables torchrun sets (GROUP_* are its per-node counts)."""
-    read = lambda name: read_int(environ, name, launcher="torchrun")  # noqa: E731
+
+    def read(name: str) -> int:
+        return read_int(environ, name, launcher="torchrun")
+
     world_size = read("WORLD_SIZE")
     rank = read("RANK")
     local_world_size = read("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in environ else world_size

@@ -142,7 +142,9 @@ def resolve_config(spec: RunSpec) -> RunSpec:
     target = ["-m", spec.script] if spec.module else [spec.script]
     done = subprocess.run(
         [sys.executable, *target, *spec.script_args, RESOLVE_FLAG],
-        stdout=subprocess.PIPE, text=True, check=False,
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
     )
     if done.returncode != 0:
         raise SystemExit(done.returncode)
@@ -152,7 +154,7 @@ def resolve_config(spec: RunSpec) -> RunSpec:
             f"{spec.script} got --config/overrides but did not resolve them; call "
             "phalanx.parse_config(YourConfig) at the start of the script"
         )
-    config_file = os.path.join(lines[-1][len(RUN_DIR_LINE):], "config.yaml")
+    config_file = os.path.join(lines[-1][len(RUN_DIR_LINE) :], "config.yaml")
     return replace(spec, script_args=("--config", config_file))
 
 

@@ -26,11 +26,43 @@ _SECRET_NAME = re.compile(
 )
 _URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):[^@/\s]+@", re.I)
 _KEPT_PREFIXES = (
-    "SLURM_", "SLURMD_", "OMPI_", "PMI_", "PMIX_", "MPI_", "I_MPI_", "TORCHELASTIC_", "MASTER_",
-    "RANK", "WORLD_SIZE", "LOCAL_", "GROUP_", "ROLE_", "CUDA_", "NCCL_", "GLOO_", "OMP_", "TORCH_",
-    "PYTORCH_", "WANDB_", "HF_", "MLFLOW_", "HOSTNAME", "USER", "CONDA_", "VIRTUAL_ENV",
-    "APPTAINER", "SINGULARITY", "MODULE", "LOADEDMODULES", "http_proxy", "https_proxy",
-    "HTTP_PROXY", "HTTPS_PROXY", "no_proxy", "NO_PROXY",
+    "SLURM_",
+    "SLURMD_",
+    "OMPI_",
+    "PMI_",
+    "PMIX_",
+    "MPI_",
+    "I_MPI_",
+    "TORCHELASTIC_",
+    "MASTER_",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_",
+    "GROUP_",
+    "ROLE_",
+    "CUDA_",
+    "NCCL_",
+    "GLOO_",
+    "OMP_",
+    "TORCH_",
+    "PYTORCH_",
+    "WANDB_",
+    "HF_",
+    "MLFLOW_",
+    "HOSTNAME",
+    "USER",
+    "CONDA_",
+    "VIRTUAL_ENV",
+    "APPTAINER",
+    "SINGULARITY",
+    "MODULE",
+    "LOADEDMODULES",
+    "http_proxy",
+    "https_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "no_proxy",
+    "NO_PROXY",
 )
 
 
@@ -55,8 +87,11 @@ def _gpus() -> list[dict[str, Any]]:
     if not torch.cuda.is_available():
         return []
     return [
-        {"index": i, "name": torch.cuda.get_device_name(i),
-         "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+        {
+            "index": i,
+            "name": torch.cuda.get_device_name(i),
+            "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
+        }
         for i in range(torch.cuda.device_count())
     ]
 
@@ -68,18 +103,29 @@ def _versions() -> dict[str, str | None]:
 
     nccl = None
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "nccl": nccl, "phalanx": __version__}
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))  # type: ignore[no-untyped-call]
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+        "phalanx": __version__,
+    }
 
 
 def node_report(env: ClusterEnv, environ: Mapping[str, str]) -> dict[str, Any]:
     """This node as seen by its local rank 0."""
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     return {
-        "host": socket.gethostname(), "platform": platform.platform(), "argv": sys.argv,
-        "cwd": os.getcwd(), "cluster_env": env.as_dict(), "versions": _versions(),
-        "gpus": _gpus(), "cpu_count": os.cpu_count(), "cpu_affinity": affinity,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "argv": sys.argv,
+        "cwd": os.getcwd(),
+        "cluster_env": env.as_dict(),
+        "versions": _versions(),
+        "gpus": _gpus(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
         "environ": redact_environ(environ),
     }
 

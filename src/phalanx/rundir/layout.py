@@ -69,7 +69,9 @@ def create_fresh(root: Path, name: str, now: datetime | None = None) -> Path:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise UsageError(f"cannot create run root '{root}': {error.strerror}; set run.root") from None
+        raise UsageError(
+            f"cannot create run root '{root}': {error.strerror}; set run.root"
+        ) from None
     for attempt in range(1, 1000):
         path = root / (f"{name}-{stamp}" if attempt == 1 else f"{name}-{stamp}-{attempt}")
         try:

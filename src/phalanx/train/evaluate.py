@@ -22,8 +22,13 @@ EvalFn = Callable[[nn.Module, Any], Mapping[str, torch.Tensor]]
 
 
 def evaluate(
-    model: nn.Module, batches: Iterable[Any], eval_step: EvalFn, *, device: torch.device,
-    precision: Precision, max_batches: int | None = None,
+    model: nn.Module,
+    batches: Iterable[Any],
+    eval_step: EvalFn,
+    *,
+    device: torch.device,
+    precision: Precision,
+    max_batches: int | None = None,
 ) -> dict[str, float]:
     """Mean of every per-sample value eval_step returns, over all samples of all ranks."""
     metrics = Metrics(device)

@@ -79,15 +79,19 @@ class NanGuard:
             dist.all_gather(gathered, self.loss_bad_ever)
             flags = [int(t.item()) for t in gathered]
         ranks = [r for r, f in enumerate(flags) if f]
-        return GuardReport(events=int(self.events.item()), first_step=int(self.first_step.item()),
-                           loss_ranks=ranks)
+        return GuardReport(
+            events=int(self.events.item()), first_step=int(self.first_step.item()), loss_ranks=ranks
+        )
 
     def maybe_stop(self) -> GuardReport:
-        """At a logging point: raise NonFiniteError on every rank if policy is stop and one occurred."""
+        """At a logging point: under policy stop, raise NonFiniteError on every rank if needed."""
         report = self.report()
         if self.policy == "stop" and report.events:
-            where = f"loss on rank(s) {report.loss_ranks}" if report.loss_ranks else (
-                "gradients (after all-reduce)")
+            where = (
+                f"loss on rank(s) {report.loss_ranks}"
+                if report.loss_ranks
+                else ("gradients (after all-reduce)")
+            )
             raise NonFiniteError(
                 f"non-finite {where} at step {report.first_step}; stopping all ranks "
                 "(train.nan_policy=stop; use skip to drop such steps, count to only count them)"

@@ -83,8 +83,9 @@ class Metrics:
             by_kind.setdefault(self._kinds[name], []).append(name)
         additive = by_kind.get("mean", []) + by_kind.get("sum", [])
         if additive:
-            stacked = torch.stack([self._sums[n] for n in additive] + [
-                self._counts[n] for n in additive])
+            stacked = torch.stack(
+                [self._sums[n] for n in additive] + [self._counts[n] for n in additive]
+            )
             values = _all_reduce(stacked, dist.ReduceOp.SUM).tolist()
             k = len(additive)
             for i, name in enumerate(additive):
@@ -114,7 +115,7 @@ def _all_reduce(tensor: torch.Tensor, op: Any) -> torch.Tensor:
 def _all_gather_cat(local: torch.Tensor) -> list[float]:
     """Rank-ordered concatenation; ranks may hold different numbers of values."""
     if not _distributed():
-        return local.tolist()  # type: ignore[no-any-return]
+        return local.tolist()
     parts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, local.cpu().tolist())
     return [v for part in parts for v in part]

@@ -28,7 +28,7 @@ class Precision:
             yield
 
     def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()  # type: ignore[no-untyped-call]
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Bring gradients to their true scale before clipping or measuring them."""

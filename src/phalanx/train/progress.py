@@ -35,8 +35,14 @@ def _duration(seconds: float) -> str:
 class Throughput:
     """Samples per second between logging points, with tokens/s and MFU when the user says how."""
 
-    def __init__(self, *, world_size: int, flops_per_sample: float | None,
-                 tokens_per_sample: float | None, peak: float | None) -> None:
+    def __init__(
+        self,
+        *,
+        world_size: int,
+        flops_per_sample: float | None,
+        tokens_per_sample: float | None,
+        peak: float | None,
+    ) -> None:
         self.world_size, self.flops_per_sample = world_size, flops_per_sample
         self.tokens_per_sample, self.peak = tokens_per_sample, peak
         self._since = time.perf_counter()
@@ -52,13 +58,15 @@ class Throughput:
         if self.tokens_per_sample:
             out["tokens_per_s"] = out["samples_per_s"] * self.tokens_per_sample
         if self.flops_per_sample and self.peak:
-            out["mfu"] = out["samples_per_s"] * self.flops_per_sample / (
-                self.peak * self.world_size)
+            out["mfu"] = (
+                out["samples_per_s"] * self.flops_per_sample / (self.peak * self.world_size)
+            )
         return out
 
 
-def progress_line(step: int, total: int | None, epoch: int, values: dict[str, Any],
-                  eta_s: float | None) -> str:
+def progress_line(
+    step: int, total: int | None, epoch: int, values: dict[str, Any], eta_s: float | None
+) -> str:
     parts = [f"step {step}/{total}" if total else f"step {step}", f"epoch {epoch}"]
     for key in ("loss", "grad_norm"):
         if key in values:

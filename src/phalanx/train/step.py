@@ -17,7 +17,7 @@ from phalanx.errors import UsageError
 from phalanx.train.guard import NanGuard, masked_step
 from phalanx.train.metrics import Metrics
 from phalanx.train.precision import Precision
-from phalanx.train.strategy import is_ddp, unwrap_compile
+from phalanx.train.strategy import ddp_module
 
 StepOutput = torch.Tensor | Mapping[str, torch.Tensor]
 StepFn = Callable[[nn.Module, Any], StepOutput]
@@ -86,10 +86,10 @@ def optimizer_step(parts: StepParts, micro_batches: Iterable[Any], *, step: int)
     micro-loss is divided by their number, so k micro-batches equal one k-times-larger batch.
     """
     batches = list(micro_batches)
-    ddp = unwrap_compile(parts.model) if is_ddp(parts.model) else None
+    ddp = ddp_module(parts.model)
     for i, batch in enumerate(batches):
-        no_sync = ddp.no_sync() if ddp is not None and i < len(batches) - 1 else None
-        with no_sync or contextlib.nullcontext():
+        skip_sync = ddp is not None and i < len(batches) - 1
+        with ddp.no_sync() if ddp is not None and skip_sync else contextlib.nullcontext():
             with parts.precision.autocast():
                 loss, extra = split_output(parts.train_step(parts.model, batch))
             parts.guard.observe_loss(loss)

@@ -8,7 +8,7 @@ plain model.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -25,8 +25,13 @@ def resolve_strategy(requested: str, world_size: int) -> str:
 
 
 def wrap_model(
-    model: nn.Module, handle: Dist, *, strategy: str, compile: bool = False,
-    static_graph: bool = False, bucket_mb: float = 25.0,
+    model: nn.Module,
+    handle: Dist,
+    *,
+    strategy: str,
+    compile: bool = False,
+    static_graph: bool = False,
+    bucket_mb: float = 25.0,
 ) -> nn.Module:
     """Move `model` to the rank's device and wrap it for `strategy` ('single' or 'ddp')."""
     model = model.to(handle.device)
@@ -34,11 +39,14 @@ def wrap_model(
     if resolve_strategy(strategy, handle.env.world_size) == "ddp":
         device_ids = [handle.device.index] if handle.device.type == "cuda" else None
         wrapped = DistributedDataParallel(
-            model, device_ids=device_ids, gradient_as_bucket_view=True,
-            static_graph=static_graph, bucket_cap_mb=bucket_mb,
+            model,
+            device_ids=device_ids,
+            gradient_as_bucket_view=True,
+            static_graph=static_graph,
+            bucket_cap_mb=bucket_mb,
         )
     if compile:
-        wrapped = torch.compile(wrapped)  # type: ignore[assignment]
+        wrapped = cast(nn.Module, torch.compile(wrapped))
     return wrapped
 
 
@@ -46,7 +54,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     """The user's module inside compile and DDP wrappers."""
     while True:
         if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
+            model = cast(nn.Module, model._orig_mod)
         elif isinstance(model, DistributedDataParallel):
             model = model.module
         else:
@@ -58,9 +66,7 @@ def model_state_dict(model: nn.Module) -> dict[str, Any]:
     return unwrap(model).state_dict()
 
 
-def is_ddp(model: nn.Module) -> bool:
-    return isinstance(unwrap_compile(model), DistributedDataParallel)
-
-
-def unwrap_compile(model: nn.Module) -> nn.Module:
-    return model._orig_mod if hasattr(model, "_orig_mod") else model  # type: ignore[return-value]
+def ddp_module(model: nn.Module) -> DistributedDataParallel | None:
+    """The DDP wrapper under an optional compile wrapper, or None."""
+    inner = cast(nn.Module, model._orig_mod) if hasattr(model, "_orig_mod") else model
+    return inner if isinstance(inner, DistributedDataParallel) else None

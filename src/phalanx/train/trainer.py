@@ -52,29 +52,46 @@ class Trainer:
     """
 
     def __init__(
-        self, handle: Dist, *, model: nn.Module, optimizer: Any, train_data: Any,
-        train_step: StepFn, config: TrainerConfig | None = None, eval_data: Any = None,
-        eval_step: EvalFn | None = None, scheduler: Any = None,
-        collate_fn: Callable[[list[Any]], Any] | None = None, callbacks: Sequence[Callback] = (),
-        flops_per_sample: float | None = None, tokens_per_sample: float | None = None,
+        self,
+        handle: Dist,
+        *,
+        model: nn.Module,
+        optimizer: Any,
+        train_data: Any,
+        train_step: StepFn,
+        config: TrainerConfig | None = None,
+        eval_data: Any = None,
+        eval_step: EvalFn | None = None,
+        scheduler: Any = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        callbacks: Sequence[Callback] = (),
+        flops_per_sample: float | None = None,
+        tokens_per_sample: float | None = None,
     ) -> None:
         config = config or handle.config  # type: ignore[assignment]
         if not isinstance(config, TrainerConfig):
-            raise UsageError("Trainer needs a phalanx.TrainerConfig (pass config=, or init with it)")
+            raise UsageError(
+                "Trainer needs a phalanx.TrainerConfig (pass config=, or init with it)"
+            )
         if eval_data is not None and eval_step is None:
             raise UsageError("eval_data was given without eval_step; pass both or neither")
         self.config, self.handle, self.env = config, handle, handle.env
         train = config.train
         seed_everything(train.seed, rank=self.env.rank)
         self.model = wrap_model(
-            model, handle, strategy=train.strategy, compile=train.compile,
-            static_graph=train.ddp_static_graph, bucket_mb=train.ddp_bucket_mb,
+            model,
+            handle,
+            strategy=train.strategy,
+            compile=train.compile,
+            static_graph=train.ddp_static_graph,
+            bucket_mb=train.ddp_bucket_mb,
         )
         self.optimizer = build_optimizer(optimizer, self.model, train, self.env.world_size)
         self.scheduler = build_scheduler(scheduler, self.optimizer, train)
         self.precision = Precision(train.precision, handle.device)
-        self.guard = NanGuard(train.nan_policy, handle.device, rank=self.env.rank,
-                              world_size=self.env.world_size)
+        self.guard = NanGuard(
+            train.nan_policy, handle.device, rank=self.env.rank, world_size=self.env.world_size
+        )
         self.metrics = Metrics(handle.device)
         self.control = ControlPlane()
         self.state = TrainState()
@@ -83,13 +100,20 @@ class Trainer:
         self.train_data, self.eval_data, self.eval_step = train_data, eval_data, eval_step
         self.collate_fn, self.callbacks = collate_fn, list(callbacks)
         self.throughput = Throughput(
-            world_size=self.env.world_size, flops_per_sample=flops_per_sample,
-            tokens_per_sample=tokens_per_sample, peak=peak_flops(handle.device),
+            world_size=self.env.world_size,
+            flops_per_sample=flops_per_sample,
+            tokens_per_sample=tokens_per_sample,
+            peak=peak_flops(handle.device),
         )
         self._parts = StepParts(
-            model=self.model, optimizer=self.optimizer, train_step=train_step,
-            precision=self.precision, guard=self.guard, metrics=self.metrics,
-            clip_grad_norm=train.clip_grad_norm, scheduler=self.scheduler,
+            model=self.model,
+            optimizer=self.optimizer,
+            train_step=train_step,
+            precision=self.precision,
+            guard=self.guard,
+            metrics=self.metrics,
+            clip_grad_norm=train.clip_grad_norm,
+            scheduler=self.scheduler,
         )
 
     @property
@@ -103,10 +127,15 @@ class Trainer:
     def _loader(self) -> Any:
         data = self.config.data
         return make_train_loader(
-            self.train_data, env=self.env, batch_size=data.batch_size, seed=self.config.train.seed,
-            shuffle=data.shuffle, drop_last=data.drop_last,
+            self.train_data,
+            env=self.env,
+            batch_size=data.batch_size,
+            seed=self.config.train.seed,
+            shuffle=data.shuffle,
+            drop_last=data.drop_last,
             num_workers=None if data.num_workers < 0 else data.num_workers,
-            collate_fn=self.collate_fn, start=(self.state.epoch, self.state.global_index),
+            collate_fn=self.collate_fn,
+            start=(self.state.epoch, self.state.global_index),
         )
 
     def _micro_batches(self, it: Iterator[Any]) -> list[Any]:
@@ -141,7 +170,7 @@ class Trainer:
         return self.state.epoch >= self.config.train.epochs
 
     def _run_epoch(self, loader: Any) -> None:
-        train, data = self.config.train, self.config.data
+        train = self.config.train
         it = iter(loader)
         micro_steps = 0
         while not (self.max_steps and self.state.step >= self.max_steps):
@@ -174,14 +203,22 @@ class Trainer:
             return {}
         data = self.config.data
         loader = make_eval_loader(
-            self.eval_data, env=self.env, batch_size=data.eval_batch_size or data.batch_size,
+            self.eval_data,
+            env=self.env,
+            batch_size=data.eval_batch_size or data.batch_size,
             collate_fn=self.collate_fn,
             num_workers=None if data.num_workers < 0 else data.num_workers,
         )
         from phalanx.train.strategy import unwrap
 
-        values = evaluate(unwrap(self.model), loader, self.eval_step, device=self.handle.device,
-                          precision=self.precision, max_batches=2 if self.dry_run else None)
+        values = evaluate(
+            unwrap(self.model),
+            loader,
+            self.eval_step,
+            device=self.handle.device,
+            precision=self.precision,
+            max_batches=2 if self.dry_run else None,
+        )
         values = {"step": self.state.step, "epoch": self.state.epoch, **values}
         self._record(values)
         for cb in self.callbacks:
@@ -201,8 +238,11 @@ class Trainer:
         values = {"step": self.state.step, "epoch": self.state.epoch, **values}
         self._record(values)
         if self.env.is_main_process and self.config.train.progress:
-            log.info(progress_line(self.state.step, self.max_steps or None,
-                                   self.state.epoch, values, None))
+            log.info(
+                progress_line(
+                    self.state.step, self.max_steps or None, self.state.epoch, values, None
+                )
+            )
         for cb in self.callbacks:
             cb.on_log(self, values)
 
@@ -217,4 +257,3 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Training position (host values) for checkpoints."""
         return asdict(self.state)
-
