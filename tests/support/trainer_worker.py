@@ -219,6 +219,28 @@ def scenario_compile(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any] | 
     return {"keys": sorted(state), "compiled": compiled_out, "eager": eager_out}
 
 
+def scenario_gpu_sync(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    """bf16 DDP with accumulation and the NaN guard, every step under sync-debug 'error'."""
+    cfg = config(
+        "data.batch_size=8",
+        "train.grad_accum=2",
+        "train.max_steps=8",
+        "train.precision=bf16",
+        "train.nan_policy=skip",
+        "train.clip_grad_norm=1.0",
+        "train.sync_debug=true",
+        "train.log_every=4",
+    )
+    trainer, history = trainer_run(d, cfg, regression_data(512), "adamw_fused")
+    losses = [h["loss"] for h in history if "loss" in h]
+    return {
+        "steps": trainer.state.step,
+        "nonfinite": history[-1]["nonfinite_steps"],
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+    }
+
+
 def scenario_bad_step(d: phalanx.Dist, args: dict[str, str]) -> None:
     trainer = phalanx.Trainer(
         d,
@@ -249,6 +271,7 @@ SCENARIOS = {
     "metrics": scenario_metrics,
     "compile": scenario_compile,
     "bad_step": scenario_bad_step,
+    "gpu_sync": scenario_gpu_sync,
 }
 
 if __name__ == "__main__":

@@ -60,6 +60,8 @@ class TrainConfig:
     """Linear learning-rate warm-up over this many optimizer steps."""
     progress: bool = True
     """Print a progress line on rank 0 at every logging point."""
+    sync_debug: bool = False
+    """CUDA only: fail on any host-device synchronisation inside a training step."""
 
     def __post_init__(self) -> None:
         check_choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))

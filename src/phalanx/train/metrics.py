@@ -37,7 +37,12 @@ class Metrics:
             raise UsageError(f"metric {name!r}: reduce={reduce!r} is not one of {REDUCTIONS}")
         if self._kinds.setdefault(name, reduce) != reduce:
             raise UsageError(f"metric {name!r} was added with reduce={self._kinds[name]!r} before")
-        tensor = torch.as_tensor(value).detach().to(self.device, torch.float64).reshape(-1)
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().to(self.device, torch.float64).reshape(-1)
+        else:
+            # Python numbers become device tensors by a fill kernel, not a host-to-device copy
+            # (a copy from pageable memory would synchronise the stream).
+            tensor = torch.full((1,), float(value), dtype=torch.float64, device=self.device)
         if reduce == "cat":
             self._cats.setdefault(name, []).append(tensor)
             return

@@ -45,10 +45,26 @@ class Throughput:
     ) -> None:
         self.world_size, self.flops_per_sample = world_size, flops_per_sample
         self.tokens_per_sample, self.peak = tokens_per_sample, peak
-        self._since = time.perf_counter()
+        self._since = self._start = time.perf_counter()
+        self._steps = 0
 
     def restart(self) -> None:
-        self._since = time.perf_counter()
+        self._since = self._start = time.perf_counter()
+        self._steps = 0
+
+    def exclude(self, seconds: float) -> None:
+        """Time spent outside training (evaluation, checkpoints) counts for no throughput."""
+        self._since += seconds
+        self._start += seconds
+
+    def count_step(self) -> None:
+        self._steps += 1
+
+    def eta(self, remaining_steps: int) -> float | None:
+        """Seconds left at the mean step time of this fit so far."""
+        if not self._steps or remaining_steps < 0:
+            return None
+        return (time.perf_counter() - self._start) / self._steps * remaining_steps
 
     def measure(self, samples: float) -> dict[str, float]:
         """`samples`: global samples trained since the last call (already reduced)."""

@@ -3,6 +3,7 @@ public blocks (strategy, precision, step, guard, metrics, control plane, data lo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from phalanx.config.training import TrainerConfig
@@ -26,7 +28,7 @@ from phalanx.train.optim import build_optimizer, build_scheduler
 from phalanx.train.precision import Precision
 from phalanx.train.progress import Throughput, peak_flops, progress_line
 from phalanx.train.step import StepFn, StepParts, optimizer_step, to_device
-from phalanx.train.strategy import wrap_model
+from phalanx.train.strategy import unwrap, wrap_model
 
 log = logging.getLogger("phalanx.train")
 
@@ -97,6 +99,7 @@ class Trainer:
         self.state = TrainState()
         self.history: list[dict[str, Any]] = []
         self.stop_requested = False
+        self._total_steps = 0
         self.train_data, self.eval_data, self.eval_step = train_data, eval_data, eval_step
         self.collate_fn, self.callbacks = collate_fn, list(callbacks)
         self.throughput = Throughput(
@@ -153,6 +156,10 @@ class Trainer:
             cb.on_train_start(self)
         self.throughput.restart()
         loader = self._loader()
+        # For the ETA: full global steps per epoch (the partial tail is not trained).
+        per_epoch = loader.sampler.dataset_len // loader.sampler.global_batch_size
+        per_epoch //= self.config.train.grad_accum
+        self._total_steps = self.max_steps or self.config.train.epochs * per_epoch
         while not self._done():
             loader.sampler.set_position(self.state.epoch, self.state.global_index)
             self._run_epoch(loader)
@@ -183,8 +190,10 @@ class Trainer:
                 return
             if not agreed.all_have_data:
                 break
-            optimizer_step(self._parts, batches, step=self.state.step + 1)
+            with self._sync_debug():
+                optimizer_step(self._parts, batches, step=self.state.step + 1)
             self.state.step += 1
+            self.throughput.count_step()
             micro_steps += len(batches)
             # Capped at the epoch's end: a resume position must stay inside the data set.
             self.state.global_index = loader.sampler.global_index_after(micro_steps)
@@ -196,6 +205,18 @@ class Trainer:
         self.state.global_index = 0
         if not train.eval_every:
             self.evaluate()
+
+    @contextlib.contextmanager
+    def _sync_debug(self) -> Iterator[None]:
+        """train.sync_debug: a hidden .item() or blocking copy in a step becomes an error."""
+        if not (self.config.train.sync_debug and self.handle.device.type == "cuda"):
+            yield
+            return
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
 
     def evaluate(self) -> dict[str, float]:
         """Evaluate on eval_data (every sample exactly once); {} without eval data."""
@@ -209,8 +230,7 @@ class Trainer:
             collate_fn=self.collate_fn,
             num_workers=None if data.num_workers < 0 else data.num_workers,
         )
-        from phalanx.train.strategy import unwrap
-
+        started = time.perf_counter()
         values = evaluate(
             unwrap(self.model),
             loader,
@@ -219,6 +239,7 @@ class Trainer:
             precision=self.precision,
             max_batches=2 if self.dry_run else None,
         )
+        self.throughput.exclude(time.perf_counter() - started)
         values = {"step": self.state.step, "epoch": self.state.epoch, **values}
         self._record(values)
         for cb in self.callbacks:
@@ -240,7 +261,11 @@ class Trainer:
         if self.env.is_main_process and self.config.train.progress:
             log.info(
                 progress_line(
-                    self.state.step, self.max_steps or None, self.state.epoch, values, None
+                    self.state.step,
+                    self._total_steps or None,
+                    self.state.epoch,
+                    values,
+                    self.throughput.eta(self._total_steps - self.state.step),
                 )
             )
         for cb in self.callbacks:

@@ -1,0 +1,157 @@
+"""phalanx's side of the step-overhead benchmark: the reference GPT-2-small step, trained by
+phalanx.Trainer instead of a hand-written loop. Same model, data shape, bf16 autocast, fused
+AdamW, clip 1.0, 10 warm-up + 30 timed steps; prints peer_step.py's JSON line format.
+
+    torchrun --standalone --nproc_per_node=N benchmarks/phalanx_step.py PEER_STEP_PY [--compile]
+    ... benchmarks/phalanx_step.py PEER_STEP_PY --cpu MODE    # MODE: phalanx | hand (tiny GPT)
+
+The Trainer logs every 10 steps (three logging points inside the timed window), so the number
+includes what logging costs; timing starts and ends at logging points, which synchronise.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from typing import Any
+
+import torch
+
+import phalanx
+from phalanx.config import load
+
+WARMUP, STEPS = 10, 30
+
+
+def load_peer(path: str) -> Any:
+    """Import the unmodified reference module (it reads its mode from argv at import)."""
+    saved, sys.argv = sys.argv, [path, "raw"]
+    try:
+        spec = importlib.util.spec_from_file_location("peer_step", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.argv = saved
+
+
+class RandomTokens(torch.utils.data.Dataset[torch.Tensor]):
+    """Fresh random windows of T+1 tokens, like the reference's generator."""
+
+    def __init__(self, vocab: int, length: int, count: int) -> None:
+        self.vocab, self.length, self.count = vocab, length, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.randint(0, self.vocab, (self.length + 1,))
+
+
+class Timer(phalanx.Callback):
+    """Wall time between the logging points at step WARMUP and WARMUP + STEPS."""
+
+    def __init__(self) -> None:
+        self.marks: dict[int, float] = {}
+
+    def on_log(self, trainer: phalanx.Trainer, values: dict[str, Any]) -> None:
+        if trainer.handle.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.marks[int(values["step"])] = time.perf_counter()
+
+
+def lm_step(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    # The reference's .to(device) copies make both halves contiguous; so does this.
+    return model(batch[:, :-1].contiguous(), batch[:, 1:].contiguous())  # type: ignore[no-any-return]
+
+
+def run_phalanx(peer: Any, compile: bool, cpu: bool) -> dict[str, Any]:
+    overrides = [
+        f"train.precision={'fp32' if cpu else 'bf16'}",
+        "train.clip_grad_norm=1.0",
+        f"train.max_steps={WARMUP + STEPS}",
+        f"train.log_every={WARMUP}",
+        f"data.batch_size={peer.B}",
+        "data.num_workers=0",
+        "train.progress=false",
+        f"train.compile={str(compile).lower()}",
+        "train.nan_policy=skip",
+        "data.shuffle=false",
+    ]
+    cfg = load(phalanx.TrainerConfig, overrides=overrides)
+    timer = Timer()
+    with phalanx.distributed(cfg.dist) as d:
+        torch.manual_seed(0)
+        data = RandomTokens(peer.V, peer.T, peer.B * d.env.world_size * (WARMUP + STEPS + 1))
+        trainer = phalanx.Trainer(
+            d,
+            config=cfg,
+            model=peer.GPT(),
+            train_data=data,
+            train_step=lm_step,
+            optimizer=lambda p: torch.optim.AdamW(p, lr=3e-4, fused=not cpu),
+            callbacks=[timer],
+        )
+        history = trainer.fit()
+        step_s = (timer.marks[WARMUP + STEPS] - timer.marks[WARMUP]) / STEPS
+        return result("phalanx", compile, d.env.world_size, step_s, peer, history[-1]["loss"])
+
+
+def run_hand_cpu(peer: Any) -> dict[str, Any]:
+    """The reference raw loop, on CPU with gloo (the reference itself needs CUDA)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    with phalanx.distributed() as d:
+        torch.manual_seed(0)
+        model = peer.GPT()
+        model = DDP(model) if d.env.world_size > 1 else model
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        data = iter(peer.batches(torch.device("cpu"), d.env.rank))
+        loss = torch.zeros(())
+        for i in range(WARMUP + STEPS):
+            if i == WARMUP:
+                start = time.perf_counter()
+            x, y = (t.contiguous() for t in next(data))
+            loss = model(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        step_s = (time.perf_counter() - start) / STEPS
+        return result("hand", False, d.env.world_size, step_s, peer, float(loss))
+
+
+def result(mode: str, compile: bool, world: int, step_s: float, peer: Any, loss: float) -> dict:
+    tok_s = peer.B * peer.T * world / step_s
+    flops_per_tok = 6 * 124e6 + 12 * peer.L * peer.T * peer.D
+    out = {
+        "mode": mode,
+        "compile": compile,
+        "world": world,
+        "step_ms": round(step_s * 1e3, 2),
+        "tok_per_s": round(tok_s),
+        "mfu_vs_989T": round(tok_s * flops_per_tok / (world * 989e12), 3),
+        "loss": round(loss, 3),
+    }
+    if torch.cuda.is_available():
+        out["peak_mem_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return out
+
+
+def main() -> None:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    peer = load_peer(sys.argv[1])
+    cpu = "--cpu" in sys.argv
+    if cpu:  # a tiny GPT: the reference's sizes are module globals read at call time
+        peer.B, peer.T, peer.V, peer.L, peer.H, peer.D = 4, 64, 512, 2, 2, 64
+    mode = sys.argv[sys.argv.index("--cpu") + 1] if cpu else "phalanx"
+    out = run_hand_cpu(peer) if mode == "hand" else run_phalanx(peer, "--compile" in sys.argv, cpu)
+    if int(__import__("os").environ.get("RANK", "0")) == 0:
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

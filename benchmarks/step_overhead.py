@@ -1,0 +1,133 @@
+"""Step overhead of phalanx.Trainer against the fixed reference loops of peer_step.py.
+
+    python benchmarks/step_overhead.py --peer PATH/peer_step.py [--worlds 1 2] [--reps 5]
+        [--modes raw phalanx fabric accelerate] [--compile] [--out benchmarks/results/...json]
+    python benchmarks/step_overhead.py --peer PATH/peer_step.py --cpu     # development mode
+
+Every repetition runs each (world, mode) once, in a fresh torchrun, interleaved, so drift hits
+all modes alike. Prints median step time, spread (min..max, stdev) and overhead against the
+hand-written loop ("raw"; "hand" on CPU) per world size, and writes all samples as JSON.
+Goal (issue 4): phalanx overhead <= max(1%, 2 sigma of the baseline) at 1 and 2 GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+
+
+def command(args: argparse.Namespace, world: int, mode: str) -> list[str]:
+    launch = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world}",
+    ]
+    if args.cpu:
+        return [*launch, str(HERE / "phalanx_step.py"), args.peer, "--cpu", mode]
+    compile_flag = ["--compile"] if args.compile else []
+    if mode == "phalanx":
+        return [*launch, str(HERE / "phalanx_step.py"), args.peer, *compile_flag]
+    return [*launch, args.peer, mode, *compile_flag]
+
+
+def run_once(cmd: list[str]) -> dict[str, Any] | None:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        print(
+            f"FAILED ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}", file=sys.stderr
+        )
+        return None
+    return json.loads(lines[-1])  # type: ignore[no-any-return]
+
+
+def summarise(samples: dict[str, list[float]], baseline: str) -> list[dict[str, Any]]:
+    base = samples.get(baseline) or [float("nan")]
+    base_med = statistics.median(base)
+    sigma = statistics.stdev(base) if len(base) > 1 else float("nan")
+    rows = []
+    for mode, values in samples.items():
+        if not values:
+            continue
+        med = statistics.median(values)
+        over = (med - base_med) / base_med
+        rows.append(
+            {
+                "mode": mode,
+                "n": len(values),
+                "median_ms": med,
+                "min_ms": min(values),
+                "max_ms": max(values),
+                "stdev_ms": statistics.stdev(values) if len(values) > 1 else 0,
+                "overhead": over,
+                "goal_met": over <= max(0.01, 2 * sigma / base_med) if mode == "phalanx" else None,
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peer", required=True, help="path of the unmodified peer_step.py")
+    parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--modes", nargs="+", default=["raw", "phalanx", "fabric", "accelerate"])
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--cpu", action="store_true", help="tiny GPT on CPU, hand vs phalanx")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/step_overhead.json"))
+    args = parser.parse_args()
+    modes = ["hand", "phalanx"] if args.cpu else args.modes
+    baseline = "hand" if args.cpu else "raw"
+    samples = {w: {m: [] for m in modes} for w in args.worlds}
+    runs: list[dict[str, Any]] = []
+    for rep in range(max(args.reps, 5)):
+        for world in args.worlds:
+            for mode in modes:
+                out = run_once(command(args, world, mode))
+                if out is not None:
+                    samples[world][mode].append(out["step_ms"])
+                    runs.append({"rep": rep, **out, "mode": mode})
+                    print(json.dumps(runs[-1]), flush=True)
+    table = {w: summarise(samples[w], baseline) for w in args.worlds}
+    print(
+        f"\n{'world':>5} {'mode':<11}{'n':>3}{'median ms':>11}{'min..max ms':>17}"
+        f"{'stdev':>8}{'overhead':>10}  goal"
+    )
+    for world, rows in table.items():
+        for r in rows:
+            goal = "" if r["goal_met"] is None else ("OK" if r["goal_met"] else "MISSED")
+            print(
+                f"{world:>5} {r['mode']:<11}{r['n']:>3}{r['median_ms']:>11.2f}"
+                f"{r['min_ms']:>8.2f}..{r['max_ms']:<7.2f}{r['stdev_ms']:>8.2f}"
+                f"{100 * r['overhead']:>9.1f}%  {goal}"
+            )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "host": platform.node(),
+                "compile": args.compile,
+                "cpu": args.cpu,
+                "table": {str(w): rows for w, rows in table.items()},
+                "runs": runs,
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""GPU layer: NCCL groups, bf16 DDP training without hidden host syncs. Skipped without CUDA
+(CI has no GPU); run on a GPU machine with `pytest tests/gpu`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.checks import assert_geometry, read_probe
+from tests.support.procs import VENV_BIN, run
+
+SUPPORT = Path(__file__).parents[1] / "support"
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")]
+
+
+def ranks() -> int:
+    return min(GPUS, 2)
+
+
+@pytest.mark.timeout(180)
+def test_nccl_group_binds_one_gpu_per_rank(tmp_path: Path) -> None:
+    n = ranks()
+    result = run(
+        [str(VENV_BIN / "phalanx"), "run", "-n", str(n), str(SUPPORT / "probe.py"), str(tmp_path)],
+        timeout=150,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = assert_geometry(read_probe(tmp_path), world_size=n, num_nodes=1, launcher="torchrun")
+    assert sorted(r["device"] for r in records) == [f"cuda:{i}" for i in range(n)]
+
+
+@pytest.mark.timeout(300)
+def test_bf16_ddp_steps_have_no_hidden_host_sync(tmp_path: Path) -> None:
+    """train.sync_debug makes any synchronisation inside a step an error."""
+    n = ranks()
+    result = run(
+        [
+            str(VENV_BIN / "phalanx"),
+            "run",
+            "-n",
+            str(n),
+            str(SUPPORT / "trainer_worker.py"),
+            "gpu_sync",
+            str(tmp_path),
+        ],
+        timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    r = json.loads((tmp_path / "gpu_sync.json").read_text())
+    assert r["steps"] == 8 and r["nonfinite"] == 0
+    assert r["loss_last"] < r["loss_first"]
