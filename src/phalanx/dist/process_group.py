@@ -1,0 +1,84 @@
+"""Initialise and tear down torch.distributed from a detected ClusterEnv."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from phalanx.config.schema import Config, DistConfig
+from phalanx.dist.device import select_backend, select_device
+from phalanx.dist.logging import setup_logging
+from phalanx.env import ClusterEnv, detect
+from phalanx.errors import UsageError
+from phalanx.rundir.layout import RunDir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dist:
+    """What init() set up: pass it to the parts that need the geometry or the device."""
+
+    env: ClusterEnv
+    device: torch.device
+    backend: str
+    config: Config | None = None
+    """The resolved config, with run.dir filled in (when init() was given a Config)."""
+    run_dir: RunDir | None = None
+    """This run's directory (when init() was given a Config)."""
+
+
+def _visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def init_group(config: DistConfig | None = None, *, env: ClusterEnv | None = None) -> Dist:
+    """Detect the environment, pick and set the device, then join the process group.
+
+    The device is set before the group exists so NCCL binds the right GPU. A local single
+    process gets a one-rank group too, so collectives and DDP work without `if` branches.
+    The group is destroyed at interpreter exit (or by shutdown() / the distributed() context).
+    """
+    config = config or DistConfig()
+    if dist.is_initialized():
+        raise UsageError("torch.distributed is already initialised; call phalanx.init() once")
+    env = env or detect(launcher=config.launcher, slurm=config.slurm)
+    if config.setup_logging:
+        setup_logging(env)  # again with the run's log file once the run directory exists
+    device = torch.device(select_device(env, _visible_gpus()))
+    backend = select_backend(config.backend, str(device))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = timedelta(seconds=config.timeout_s)
+    device_id = device if backend == "nccl" else None
+    if env.launcher == "local":
+        store = dist.HashStore()  # type: ignore[attr-defined]
+        dist.init_process_group(
+            backend, store=store, rank=0, world_size=1, timeout=timeout, device_id=device_id
+        )
+    else:
+        # env:// under torchrun reuses the agent's store; other launchers meet at rank 0's host.
+        method = "env://" if env.launcher == "torchrun" else _tcp_url(env)
+        dist.init_process_group(
+            backend, init_method=method, rank=env.rank, world_size=env.world_size,
+            timeout=timeout, device_id=device_id,
+        )
+    atexit.register(shutdown)
+    log.debug("joined %s group of %d ranks on %s", backend, env.world_size, device)
+    return Dist(env=env, device=device, backend=backend)
+
+
+def _tcp_url(env: ClusterEnv) -> str:
+    host = f"[{env.master_addr}]" if ":" in env.master_addr else env.master_addr
+    return f"tcp://{host}:{env.master_port}"
+
+
+def shutdown() -> None:
+    """Destroy the process group if one exists; safe to call twice and after errors."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
