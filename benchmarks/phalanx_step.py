@@ -80,6 +80,7 @@ def run_phalanx(peer: Any, compile: bool, cpu: bool) -> dict[str, Any]:
         f"train.compile={str(compile).lower()}",
         "train.nan_policy=skip",
         "data.shuffle=false",
+        *[a for a in sys.argv[2:] if "=" in a],  # extra config overrides for experiments
     ]
     cfg = load(phalanx.TrainerConfig, overrides=overrides)
     timer = Timer()

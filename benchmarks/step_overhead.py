@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -41,8 +42,12 @@ def command(args: argparse.Namespace, world: int, mode: str) -> list[str]:
     return [*launch, args.peer, mode, *compile_flag]
 
 
-def run_once(cmd: list[str]) -> dict[str, Any] | None:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+def run_once(cmd: list[str], world: int, cpu: bool) -> dict[str, Any] | None:
+    env = dict(os.environ)
+    if not cpu:
+        # One visible GPU per rank: phalanx refuses a node with more GPUs than ranks.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(world))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         print(
@@ -94,7 +99,7 @@ def main() -> None:
     for rep in range(max(args.reps, 5)):
         for world in args.worlds:
             for mode in modes:
-                out = run_once(command(args, world, mode))
+                out = run_once(command(args, world, mode), world, args.cpu)
                 if out is not None:
                     samples[world][mode].append(out["step_ms"])
                     runs.append({"rep": rep, **out, "mode": mode})

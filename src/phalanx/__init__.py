@@ -34,10 +34,12 @@ _LAZY = {
     "Trainer": "phalanx.train",
     "Callback": "phalanx.train",
     "init": "phalanx.session",
+    "seed_everything": "phalanx.data.seeding",
     "distributed": "phalanx.session",
 }
 
 if TYPE_CHECKING:
+    from phalanx.data.seeding import seed_everything
     from phalanx.dist import (
         Dist,
         all_gather_object,
@@ -83,5 +85,6 @@ __all__ = [
     "init",
     "main_process_first",
     "parse_config",
+    "seed_everything",
     "shutdown",
 ]

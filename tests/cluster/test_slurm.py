@@ -56,17 +56,19 @@ def run_job(
     slurm: SlurmCluster, out: Path, body: str, *sbatch_args: str, timeout: float = 60.0
 ) -> Job:
     """Submit `body` as a batch script with the venv on PATH; wait for its final state."""
-    script = "\n".join((
-        "#!/bin/bash",
-        f"#SBATCH --output={out}/job.out",
-        f"#SBATCH --error={out}/job.err",
-        "#SBATCH --time=2",  # SLURM's own backstop, should the test's deadline not fire
-        "set -euo pipefail",
-        f'export PATH="{VENV_BIN}:$PATH"',
-        "export OMP_NUM_THREADS=1",
-        body,
-        "",
-    ))
+    script = "\n".join(
+        (
+            "#!/bin/bash",
+            f"#SBATCH --output={out}/job.out",
+            f"#SBATCH --error={out}/job.err",
+            "#SBATCH --time=2",  # SLURM's own backstop, should the test's deadline not fire
+            "set -euo pipefail",
+            f'export PATH="{VENV_BIN}:$PATH"',
+            "export OMP_NUM_THREADS=1",
+            body,
+            "",
+        )
+    )
     job_id = slurm.sbatch(script, *sbatch_args)
     try:
         state = slurm.wait(job_id, timeout)
@@ -111,8 +113,7 @@ def test_phalanx_run_once_per_node(slurm: SlurmCluster, tmp_path: Path) -> None:
     body = f"{EXPORT_MASTER_ADDR}\nsrun --ntasks-per-node=1 phalanx run -n 2 {PROBE} {tmp_path}"
     job = run_job(slurm, tmp_path, body, "--nodes=2", "--ntasks-per-node=1", timeout=100)
     assert job.state == "COMPLETED", job
-    records = assert_geometry(read_probe(tmp_path), world_size=4, num_nodes=2,
-                              launcher="torchrun")
+    records = assert_geometry(read_probe(tmp_path), world_size=4, num_nodes=2, launcher="torchrun")
     assert {r["job_id"] for r in records} == {job.job_id}
     # torchrun's c10d rendezvous numbers the nodes in joining order, not in SLURM's order.
     assert {r["node"] for r in records} == set(node_order(slurm, job.job_id))
@@ -155,8 +156,7 @@ def test_python_in_batch_script_is_one_local_process(slurm: SlurmCluster, tmp_pa
     """Without srun the batch script is ONE process, whatever SLURM_NTASKS says."""
     job = run_job(slurm, tmp_path, f"python {PROBE} {tmp_path}", "--nodes=1", "--ntasks=2")
     assert job.state == "COMPLETED", job
-    (record,) = assert_geometry(read_probe(tmp_path), world_size=1, num_nodes=1,
-                                launcher="local")
+    (record,) = assert_geometry(read_probe(tmp_path), world_size=1, num_nodes=1, launcher="local")
     assert record["job_id"] == job.job_id
 
 

@@ -51,5 +51,5 @@ def test_bf16_ddp_steps_have_no_hidden_host_sync(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     r = json.loads((tmp_path / "gpu_sync.json").read_text())
-    assert r["steps"] == 8 and r["nonfinite"] == 0
+    assert r["steps"] == 8 and r["nonfinite"] == 0  # 6 of them checked by sync-debug
     assert r["loss_last"] < r["loss_first"]

@@ -37,21 +37,34 @@ MUNGE_KEY = Path("/etc/munge/munge.key")
 RECIPE_PORTS = (6817, 6818, 6819)
 """slurmctld, first slurmd, second slurmd (slurm-2node-localhost.conf)."""
 SECOND_NODE = "node2"
-TERMINAL_STATES = frozenset({
-    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-    "PREEMPTED", "TIMEOUT",
-})
+TERMINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
 _DAEMONS = ("slurmctld", "slurmd", "munged")
 CONF_TEMPLATE = Path(__file__).with_name("slurm_2node.conf.in")
-
 
 
 def render_conf(state: Path, *, host: str, ports: Sequence[int], first_job_id: int) -> str:
     """slurm.conf of the two-node cluster whose files live under `state`."""
     ctld_port, node1_port, node2_port = ports
     return CONF_TEMPLATE.read_text().format(
-        host=host, node2=SECOND_NODE, state=state, ctld_port=ctld_port, node1_port=node1_port,
-        node2_port=node2_port, first_job_id=first_job_id,
+        host=host,
+        node2=SECOND_NODE,
+        state=state,
+        ctld_port=ctld_port,
+        node1_port=node1_port,
+        node2_port=node2_port,
+        first_job_id=first_job_id,
     )
 
 
@@ -167,8 +180,9 @@ def munge_works(env: dict[str, str]) -> bool:
     encode = subprocess.run(["munge", "-n"], capture_output=True, env=env, timeout=10)
     if encode.returncode != 0:
         return False
-    decode = subprocess.run(["unmunge"], input=encode.stdout, capture_output=True, env=env,
-                            timeout=10)
+    decode = subprocess.run(
+        ["unmunge"], input=encode.stdout, capture_output=True, env=env, timeout=10
+    )
     return decode.returncode == 0
 
 
@@ -221,10 +235,14 @@ class SlurmCluster:
             # makes the second one see the first one's daemons listening and pick other ports.
             with _startup_lock():
                 self._start_munge(deadline)
-                self.conf.write_text(render_conf(
-                    self.state, host=self.node_names[0], ports=pick_ports(),
-                    first_job_id=random.randint(1_000, 5_000_000),
-                ))
+                self.conf.write_text(
+                    render_conf(
+                        self.state,
+                        host=self.node_names[0],
+                        ports=pick_ports(),
+                        first_job_id=random.randint(1_000, 5_000_000),
+                    )
+                )
                 self._daemon(["slurmctld", "-i"])
                 for name in self.node_names:
                     self._daemon(["slurmd", "-N", name])
@@ -263,8 +281,9 @@ class SlurmCluster:
         with log.open("a") as out:
             out.write(f"$ {' '.join(cmd)}\n")
             out.flush()
-            code = subprocess.run(cmd, stdout=out, stderr=out, env=self.env, cwd=self.state,
-                                  timeout=30).returncode
+            code = subprocess.run(
+                cmd, stdout=out, stderr=out, env=self.env, cwd=self.state, timeout=30
+            ).returncode
         if code != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {code}\n{self.logs()}")
 
@@ -309,8 +328,9 @@ class SlurmCluster:
 
     # -- jobs ------------------------------------------------------------------------------
 
-    def command(self, cmd: Sequence[str], *, timeout: float = 30.0,
-                check: bool = True) -> subprocess.CompletedProcess[str]:
+    def command(
+        self, cmd: Sequence[str], *, timeout: float = 30.0, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         """A SLURM client command against this cluster."""
         result = run(cmd, timeout=timeout, env=self.env, cwd=self.state)
         if check and result.returncode != 0:

@@ -43,17 +43,33 @@ def suggest(key: str, cls: type) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
+def section_default(field: dataclasses.Field[Any], parent: Any = None) -> Any:
+    """A field's default: taken from the parent's default instance when there is one, so that
+    `train: Train = field(default_factory=lambda: Train(epochs=2))` keeps epochs=2."""
+    if parent is not None:
+        return getattr(parent, field.name)
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None if field.default is dataclasses.MISSING else field.default
+
+
 def build(
-    cls: type[T], data: Mapping[str, Any], *, root: type | None = None, prefix: str = ""
+    cls: type[T],
+    data: Mapping[str, Any],
+    *,
+    default: Any = None,
+    root: type | None = None,
+    prefix: str = "",
 ) -> T:
-    """Instantiate `cls` from `data`, recursing into nested config sections."""
+    """Instantiate `cls` from `data` over `default` (or the class defaults), recursing into
+    nested config sections."""
     root = root or cls
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         key = f"{prefix}{name}"
-        if name not in names:
+        if name not in fields:
             raise UsageError(f"config key '{key}' is unknown{suggest(key, root)}")
         tp = hints[name]
         if dataclasses.is_dataclass(tp):
@@ -62,10 +78,11 @@ def build(
                     f"config '{key}' is a section; give keys below it (e.g. {key}.KEY=VALUE), "
                     f"not {value!r}"
                 )
-            kwargs[name] = build(tp, value, root=root, prefix=f"{key}.")  # type: ignore[arg-type]
+            below = section_default(fields[name], default)
+            kwargs[name] = build(tp, value, default=below, root=root, prefix=f"{key}.")  # type: ignore[arg-type]
         else:
             kwargs[name] = coerce(value, tp, key)
-    return cls(**kwargs)
+    return dataclasses.replace(default, **kwargs) if default is not None else cls(**kwargs)
 
 
 def coerce(value: Any, tp: Any, key: str) -> Any:

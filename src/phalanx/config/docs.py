@@ -10,6 +10,8 @@ import textwrap
 import typing
 from typing import Any
 
+from phalanx.config.coerce import section_default
+
 
 def field_docs(cls: type) -> dict[str, str]:
     """{field name: the string literal right below its annotation}, base classes included."""
@@ -40,21 +42,20 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def help_lines(cls: type, prefix: str = "") -> list[str]:
-    """One line per key: `section.key  type = default  doc`, sections as headings."""
+def help_lines(cls: type, prefix: str = "", default: Any = None) -> list[str]:
+    """One line per key: `section.key (type, default X)  doc`, sections as headings.
+
+    Defaults come from the parent's default instance where a section is built by a factory.
+    """
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
     lines: list[str] = []
     for field in dataclasses.fields(cls):
         tp, key = hints[field.name], f"{prefix}{field.name}"
+        value = section_default(field, default)
         if dataclasses.is_dataclass(tp):
             lines.append(f"{key}: {docs.get(field.name, '')}".rstrip())
-            lines += help_lines(tp, f"{key}.")  # type: ignore[arg-type]
+            lines += help_lines(tp, f"{key}.", value)  # type: ignore[arg-type]
             continue
-        if field.default is not dataclasses.MISSING:
-            default: Any = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            default = field.default_factory()
-        else:
-            default = "(required)"
-        lines.append(f"  {key} ({_type_name(tp)}, default {default!r})  {docs.get(field.name, '')}")
+        shown = "(required)" if value is None and field.default is dataclasses.MISSING else value
+        lines.append(f"  {key} ({_type_name(tp)}, default {shown!r})  {docs.get(field.name, '')}")
     return lines

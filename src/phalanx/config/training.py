@@ -61,7 +61,7 @@ class TrainConfig:
     progress: bool = True
     """Print a progress line on rank 0 at every logging point."""
     sync_debug: bool = False
-    """CUDA only: fail on any host-device synchronisation inside a training step."""
+    """CUDA only: fail on any host-device sync inside a training step (from step 3 on)."""
 
     def __post_init__(self) -> None:
         check_choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))
@@ -95,6 +95,8 @@ class DataConfig:
     """Shuffle the global order each epoch (seeded by train.seed and the epoch)."""
     drop_last: bool = False
     """Drop the last, incomplete global batch of each epoch."""
+    pin_memory: bool = True
+    """Pin batches in page-locked memory for asynchronous copies to the GPU (CUDA only)."""
 
     def __post_init__(self) -> None:
         _at_least("data.batch_size", self.batch_size, 1)

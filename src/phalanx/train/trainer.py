@@ -16,6 +16,7 @@ from torch import nn
 
 from phalanx.config.training import TrainerConfig
 from phalanx.data.loader import make_eval_loader, make_train_loader
+from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.data.seeding import seed_everything
 from phalanx.dist.control import ControlPlane
 from phalanx.dist.process_group import Dist
@@ -138,6 +139,7 @@ class Trainer:
             drop_last=data.drop_last,
             num_workers=None if data.num_workers < 0 else data.num_workers,
             collate_fn=self.collate_fn,
+            pin_memory=data.pin_memory and self.handle.device.type == "cuda",
             start=(self.state.epoch, self.state.global_index),
         )
 
@@ -156,27 +158,39 @@ class Trainer:
             cb.on_train_start(self)
         self.throughput.restart()
         loader = self._loader()
-        # For the ETA: full global steps per epoch (the partial tail is not trained).
-        per_epoch = loader.sampler.dataset_len // loader.sampler.global_batch_size
-        per_epoch //= self.config.train.grad_accum
-        self._total_steps = self.max_steps or self.config.train.epochs * per_epoch
+        self._total_steps = self.max_steps or self.config.train.epochs * self._steps_per_epoch(
+            loader.sampler
+        )
+        finished_epoch = True
         while not self._done():
             loader.sampler.set_position(self.state.epoch, self.state.global_index)
-            self._run_epoch(loader)
+            finished_epoch = self._run_epoch(loader)
             if self.stop_requested:
                 break
+        if not finished_epoch and not self.config.train.eval_every:
+            self.evaluate()  # stopped by max_steps inside an epoch: evaluate the final model
         if self.state.step % self.config.train.log_every:
             self._log()  # the tail since the last logging point
         for cb in self.callbacks:
             cb.on_train_end(self)
         return self.history
 
+    def _steps_per_epoch(self, sampler: GlobalOrderSampler) -> int:
+        """Optimizer steps in one epoch: full global batches, plus the last partial one when
+        every rank gets a sample of it (a step needs data on all ranks)."""
+        size, batch, world = sampler.dataset_len, sampler.batch_size, sampler.world_size
+        micro = size // (batch * world)
+        if not sampler.drop_last and size % (batch * world) > (world - 1) * batch:
+            micro += 1
+        return micro // self.config.train.grad_accum
+
     def _done(self) -> bool:
         if self.max_steps:
             return self.state.step >= self.max_steps
         return self.state.epoch >= self.config.train.epochs
 
-    def _run_epoch(self, loader: Any) -> None:
+    def _run_epoch(self, loader: Any) -> bool:
+        """Steps until the data or max_steps runs out; True when the epoch was completed."""
         train = self.config.train
         it = iter(loader)
         micro_steps = 0
@@ -187,7 +201,7 @@ class Trainer:
             )
             if agreed.any_stop:
                 self.stop_requested = True
-                return
+                return False
             if not agreed.all_have_data:
                 break
             with self._sync_debug():
@@ -201,15 +215,20 @@ class Trainer:
                 self._log()
             if train.eval_every and self.state.step % train.eval_every == 0:
                 self.evaluate()
+        else:
+            return False  # max_steps reached: the epoch continues from here on a resume
         self.state.epoch += 1
         self.state.global_index = 0
         if not train.eval_every:
             self.evaluate()
+        return True
 
     @contextlib.contextmanager
     def _sync_debug(self) -> Iterator[None]:
         """train.sync_debug: a hidden .item() or blocking copy in a step becomes an error."""
-        if not (self.config.train.sync_debug and self.handle.device.type == "cuda"):
+        # From step 3 on: DDP rebuilds its gradient buckets once, with a sync, on step 2.
+        warm = self.state.step >= 2
+        if not (self.config.train.sync_debug and warm and self.handle.device.type == "cuda"):
             yield
             return
         torch.cuda.set_sync_debug_mode("error")
