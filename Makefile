@@ -8,10 +8,16 @@ TORCH ?= torch==2.13.0
 # Real launchers and schedulers for the test suite (Debian package names).
 APT_PKGS := slurm-wlm munge openmpi-bin libopenmpi-dev iproute2 util-linux procps dataset-fashion-mnist
 
-.PHONY: demo test lint setup system-deps
+.PHONY: demo demo-data test lint setup system-deps
 
-demo: setup
-	OMP_NUM_THREADS=1 $(VENV)/bin/phalanx run -n 2 -m phalanx.demo
+demo: demo-data setup
+	OMP_NUM_THREADS=1 $(VENV)/bin/phalanx run -n 2 examples/fashion_mnist.py
+
+# The demo's data ships in a Debian package (no download at run time); without root the example
+# downloads it instead.
+demo-data:
+	@dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q dataset-fashion-mnist; }
 
 test: system-deps setup lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests

@@ -1,0 +1,30 @@
+"""The CLI surface is frozen: a new option must be added here on purpose (STYLE.md, 3)."""
+
+from __future__ import annotations
+
+import argparse
+
+from phalanx.cli import build_parser
+
+EXPECTED = {
+    "run": {
+        "-h", "--help", "-n", "--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint",
+        "--rdzv-id", "--max-restarts", "--no-slurm", "-m", "--module",
+    },
+    "info": {"-h", "--help", "--json", "--launcher", "--no-slurm"},
+}  # fmt: skip
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def test_cli_options_are_the_documented_ones() -> None:
+    subs = _subcommands(build_parser())
+    assert set(subs) == set(EXPECTED)
+    for name, sub in subs.items():
+        options = {opt for action in sub._actions for opt in action.option_strings}
+        assert options == EXPECTED[name], name
