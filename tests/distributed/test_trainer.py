@@ -81,6 +81,16 @@ def test_uneven_data_on_three_ranks_and_exact_evaluation(tmp_path: Path) -> None
     assert r["distributed"]["eval/sq_err"] == pytest.approx(r["single"]["eval/sq_err"], rel=1e-12)
 
 
+@pytest.mark.timeout(180)
+def test_iterable_stream_sharded_over_ranks_and_workers(tmp_path: Path) -> None:
+    r = scenario(tmp_path, "iterable", ranks=3)
+    seen = r["seen"]
+    flat = [i for ids in seen for i in ids]
+    assert len(flat) == len(set(flat))  # no item trained twice, across ranks and workers
+    # 100 items over 3 ranks x 2 workers: the shortest shard (16 items) ends the epoch for all.
+    assert r["steps"] == 8 and [len(ids) for ids in seen] == [32, 32, 32]
+
+
 @pytest.mark.timeout(120)
 def test_metrics_reduce_across_ranks(tmp_path: Path) -> None:
     r = scenario(tmp_path, "metrics", ranks=3)

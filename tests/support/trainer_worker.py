@@ -241,6 +241,36 @@ def scenario_gpu_sync(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     }
 
 
+class Stream(torch.utils.data.IterableDataset[tuple[torch.Tensor, torch.Tensor, int]]):
+    """100 (x, y, id) items, as a stream (no length, no random access)."""
+
+    def __iter__(self) -> Any:
+        x, y = regression_data(100).tensors
+        return iter((x[i], y[i], i) for i in range(100))
+
+
+def scenario_iterable(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    """A stream sharded over ranks and 2 workers each; training stops when one rank runs dry."""
+    seen: list[int] = []
+
+    def step(model: nn.Module, batch: Any) -> torch.Tensor:
+        x, y, ids = batch
+        seen.extend(ids.tolist())
+        return nn.functional.mse_loss(model(x), y)
+
+    cfg = config("data.batch_size=4", "data.num_workers=2", "train.epochs=1")
+    trainer = phalanx.Trainer(
+        d,
+        config=cfg,
+        model=make_model(),
+        train_data=Stream(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.05),
+        train_step=step,
+    )
+    trainer.fit()
+    return {"seen": phalanx.all_gather_object(seen), "steps": trainer.state.step}
+
+
 def scenario_bad_step(d: phalanx.Dist, args: dict[str, str]) -> None:
     trainer = phalanx.Trainer(
         d,
@@ -272,6 +302,7 @@ SCENARIOS = {
     "compile": scenario_compile,
     "bad_step": scenario_bad_step,
     "gpu_sync": scenario_gpu_sync,
+    "iterable": scenario_iterable,
 }
 
 if __name__ == "__main__":

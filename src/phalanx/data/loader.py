@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from phalanx.data.eval import EvalSampler
+from phalanx.data.iterable import ShardedIterable
 from phalanx.data.sampler import GlobalOrderSampler, mix_seed
 from phalanx.data.seeding import default_num_workers, worker_init_fn
 from phalanx.env import ClusterEnv
@@ -36,7 +37,7 @@ def _dataset_len(dataset: Dataset[T], what: str) -> int:
 
 def _loader(
     dataset: Dataset[T],
-    sampler: Sampler[int],
+    sampler: Sampler[int] | None,
     *,
     env: ClusterEnv,
     batch_size: int,
@@ -142,3 +143,28 @@ def make_eval_loader(
         pin_memory=pin_memory,
         persistent=False,
     )
+
+
+def make_iterable_loader(
+    dataset: IterableDataset[T],
+    *,
+    env: ClusterEnv,
+    batch_size: int,
+    seed: int,
+    num_workers: int | None = None,
+    collate_fn: Collate[T] | None = None,
+    pin_memory: bool | None = None,
+) -> DataLoader[T]:
+    """A training DataLoader over a stream, sharded across ranks AND this rank's workers.
+
+    Each item goes to exactly one (rank, worker); shards may differ in length, and the Trainer's
+    has-data flag ends the epoch for all ranks when the first one runs dry. A stream has no
+    global index, so a resume restarts its epoch (map-style data sets resume exactly).
+    """
+    if batch_size < 1:
+        raise UsageError(f"batch_size={batch_size} must be >= 1 (it is the per-rank batch size)")
+    sharded = ShardedIterable(dataset, rank=env.rank, world_size=env.world_size)
+    return _loader(
+        sharded, None, env=env, batch_size=batch_size, seeding=(seed, 0),
+        num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, persistent=False,
+    )  # fmt: skip

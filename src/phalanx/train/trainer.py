@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import IterableDataset
 
 from phalanx.config.training import TrainerConfig
-from phalanx.data.loader import make_eval_loader, make_train_loader
+from phalanx.data.loader import make_eval_loader, make_iterable_loader, make_train_loader
 from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.data.seeding import seed_everything
 from phalanx.dist.control import ControlPlane
@@ -130,6 +131,14 @@ class Trainer:
 
     def _loader(self) -> Any:
         data = self.config.data
+        workers = None if data.num_workers < 0 else data.num_workers
+        pin = data.pin_memory and self.handle.device.type == "cuda"
+        if isinstance(self.train_data, IterableDataset):
+            return make_iterable_loader(
+                self.train_data, env=self.env, batch_size=data.batch_size,
+                seed=self.config.train.seed, num_workers=workers, collate_fn=self.collate_fn,
+                pin_memory=pin,
+            )  # fmt: skip
         return make_train_loader(
             self.train_data,
             env=self.env,
@@ -158,12 +167,13 @@ class Trainer:
             cb.on_train_start(self)
         self.throughput.restart()
         loader = self._loader()
-        self._total_steps = self.max_steps or self.config.train.epochs * self._steps_per_epoch(
-            loader.sampler
-        )
+        sampler = loader.sampler if isinstance(loader.sampler, GlobalOrderSampler) else None
+        per_epoch = self._steps_per_epoch(sampler) if sampler is not None else 0
+        self._total_steps = self.max_steps or self.config.train.epochs * per_epoch
         finished_epoch = True
         while not self._done():
-            loader.sampler.set_position(self.state.epoch, self.state.global_index)
+            if sampler is not None:
+                sampler.set_position(self.state.epoch, self.state.global_index)
             finished_epoch = self._run_epoch(loader)
             if self.stop_requested:
                 break
@@ -209,8 +219,9 @@ class Trainer:
             self.state.step += 1
             self.throughput.count_step()
             micro_steps += len(batches)
-            # Capped at the epoch's end: a resume position must stay inside the data set.
-            self.state.global_index = loader.sampler.global_index_after(micro_steps)
+            if isinstance(loader.sampler, GlobalOrderSampler):
+                # Capped at the epoch's end: a resume position must stay inside the data set.
+                self.state.global_index = loader.sampler.global_index_after(micro_steps)
             if self.state.step % train.log_every == 0:
                 self._log()
             if train.eval_every and self.state.step % train.eval_every == 0:
