@@ -82,6 +82,8 @@ def distributed(config: Config | DistConfig | None = None) -> Iterator[Dist]:
     code = 0
     try:
         yield handle
+        # Leave together: a rank that tears down while a peer still talks to it breaks the peer.
+        barrier()
     except (UsageError, NonFiniteError) as error:
         # Bad input or an agreed NaN stop: one line per rank, no traceback (exit 2 / 1).
         prefix = f"[rank {handle.env.rank}] " if handle.env.world_size > 1 else ""

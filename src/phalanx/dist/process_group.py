@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -81,4 +82,8 @@ def _tcp_url(env: ClusterEnv) -> str:
 def shutdown() -> None:
     """Destroy the process group if one exists; safe to call twice and after errors."""
     if dist.is_available() and dist.is_initialized():
+        # Free unreachable DDP reducers and pending gloo work while the interpreter is fully
+        # alive: destroyed during interpreter finalization they can abort the process
+        # ("terminate called without an active exception", pytorch/pytorch#179291).
+        gc.collect()
         dist.destroy_process_group()
