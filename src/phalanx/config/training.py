@@ -105,6 +105,32 @@ class DataConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """Checkpoints in <run dir>/checkpoints/step-N (see docs/checkpoints.md)."""
+
+    every_steps: int = 0
+    """Save every N optimizer steps; 0: only at the end of training."""
+    at_end: bool = True
+    """Save when training ends."""
+    keep_last: int = 3
+    """Newest valid checkpoints kept; older ones are deleted (the best one stays)."""
+    best_metric: str = ""
+    """Also keep the checkpoint with the best value of this eval metric (e.g. eval/loss)."""
+    best_mode: Literal["min", "max"] = "min"
+    """Whether a smaller or a larger best_metric is better."""
+    resume: str = "auto"
+    """auto: continue from the newest valid checkpoint of this run directory, if any;
+    never: start fresh; or the path of a step-N directory to start from."""
+
+    def __post_init__(self) -> None:
+        check_choice("checkpoint.best_mode", self.best_mode, ("min", "max"))
+        _at_least("checkpoint.every_steps", self.every_steps, 0)
+        _at_least("checkpoint.keep_last", self.keep_last, 1)
+        if not self.resume:
+            raise UsageError("config checkpoint.resume is empty; use auto, never or a step-N path")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainerConfig(Config):
     """Root config for scripts that use phalanx.Trainer."""
 
@@ -112,3 +138,5 @@ class TrainerConfig(Config):
     """The training loop."""
     data: DataConfig = field(default_factory=DataConfig)
     """Data loaders."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoints and resume."""

@@ -14,6 +14,9 @@ class Callback:
     def on_train_start(self, trainer: Trainer) -> None:
         """Before the first step."""
 
+    def on_step_end(self, trainer: Trainer) -> None:
+        """After every optimizer step (and its checkpoint, if one was due); no values synced."""
+
     def on_log(self, trainer: Trainer, values: dict[str, Any]) -> None:
         """At a logging point, with the reduced values (same on every rank)."""
 

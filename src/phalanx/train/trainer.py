@@ -23,6 +23,7 @@ from phalanx.dist.control import ControlPlane
 from phalanx.dist.process_group import Dist
 from phalanx.errors import UsageError
 from phalanx.train.callbacks import Callback
+from phalanx.train.checkpointing import make_store, maybe_resume, save_checkpoint
 from phalanx.train.evaluate import EvalFn, evaluate
 from phalanx.train.guard import NanGuard
 from phalanx.train.metrics import Metrics
@@ -101,6 +102,9 @@ class Trainer:
         self.state = TrainState()
         self.history: list[dict[str, Any]] = []
         self.stop_requested = False
+        self.last_eval: dict[str, Any] = {}
+        self.last_checkpoint_step = -1
+        self.store = make_store(self)
         self._total_steps = 0
         self.train_data, self.eval_data, self.eval_step = train_data, eval_data, eval_step
         self.collate_fn, self.callbacks = collate_fn, list(callbacks)
@@ -163,6 +167,7 @@ class Trainer:
 
     def fit(self) -> list[dict[str, Any]]:
         """Train until epochs or max_steps are done (or a stop); returns the logged history."""
+        maybe_resume(self)
         for cb in self.callbacks:
             cb.on_train_start(self)
         self.throughput.restart()
@@ -181,6 +186,8 @@ class Trainer:
             self.evaluate()  # stopped by max_steps inside an epoch: evaluate the final model
         if self.state.step % self.config.train.log_every:
             self._log()  # the tail since the last logging point
+        if self.config.checkpoint.at_end and self.last_checkpoint_step != self.state.step:
+            save_checkpoint(self)
         for cb in self.callbacks:
             cb.on_train_end(self)
         return self.history
@@ -226,6 +233,11 @@ class Trainer:
                 self._log()
             if train.eval_every and self.state.step % train.eval_every == 0:
                 self.evaluate()
+            every = self.config.checkpoint.every_steps
+            if every and self.state.step % every == 0:
+                self._timed_out_of_training(save_checkpoint, self)
+            for cb in self.callbacks:
+                cb.on_step_end(self)
         else:
             return False  # max_steps reached: the epoch continues from here on a resume
         self.state.epoch += 1
@@ -270,11 +282,20 @@ class Trainer:
             max_batches=2 if self.dry_run else None,
         )
         self.throughput.exclude(time.perf_counter() - started)
+        self.last_eval = dict(values)
         values = {"step": self.state.step, "epoch": self.state.epoch, **values}
         self._record(values)
         for cb in self.callbacks:
             cb.on_eval(self, values)
         return values
+
+    def _timed_out_of_training(self, action: Any, *args: Any) -> Any:
+        """Run `action` with its time excluded from throughput (checkpoints, evaluation)."""
+        started = time.perf_counter()
+        try:
+            return action(*args)
+        finally:
+            self.throughput.exclude(time.perf_counter() - started)
 
     def _log(self) -> None:
         """A logging point: the only place training values reach the host."""

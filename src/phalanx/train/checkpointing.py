@@ -1,0 +1,142 @@
+"""Trainer checkpoints: what one holds, how all ranks write it together, and exact resume.
+
+A checkpoint of step N (checkpoints/step-N, see phalanx.checkpoint.CheckpointStore):
+- rank-K.pt   every rank: its RNG states (python, numpy, torch, CUDA) as tensors
+- model.pt    rank 0: the model's state dict (no wrapper prefixes)
+- optimizer.pt, trainer.pt   rank 0: optimizer; step, epoch, data position, scheduler, scaler
+The data position (epoch, global sample index) does not depend on the world size, so a resume on
+another number of ranks continues with the next unseen sample (RNG streams then restart).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from phalanx.checkpoint import CheckpointStore, capture_rng, restore_rng
+from phalanx.config.loader import dump
+from phalanx.dist.collectives import all_gather_object, barrier, broadcast_object
+from phalanx.errors import UsageError
+from phalanx.train.strategy import model_state_dict, unwrap
+
+if TYPE_CHECKING:
+    from phalanx.train.trainer import Trainer
+
+log = logging.getLogger("phalanx.checkpoint")
+
+
+def make_store(trainer: Trainer) -> CheckpointStore | None:
+    """The run directory's checkpoint store (None without a run directory or in a dry run)."""
+    run_dir, ck = trainer.handle.run_dir, trainer.config.checkpoint
+    if run_dir is None or trainer.config.run.dry_run:
+        return None
+    return CheckpointStore(
+        run_dir.checkpoints, keep_last=ck.keep_last,
+        best_metric=ck.best_metric or None, best_mode=ck.best_mode,
+    )  # fmt: skip
+
+
+def _trainer_payload(trainer: Trainer) -> dict[str, Any]:
+    scheduler, scaler = trainer.scheduler, trainer.precision.scaler
+    return {
+        "step": trainer.state.step,
+        "epoch": trainer.state.epoch,
+        "global_index": trainer.state.global_index,
+        "world_size": trainer.env.world_size,
+        "seed": trainer.config.train.seed,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+    }
+
+
+def _write_files(trainer: Trainer, store: CheckpointStore, step: int) -> str | None:
+    """This rank's files; the error text instead of raising, so that all ranks can agree."""
+    try:
+        store.partial_dir(step)
+        store.write(step, f"rank-{trainer.env.rank}.pt", {"rng": capture_rng()})
+        if trainer.env.is_main_process:
+            store.write(step, "model.pt", model_state_dict(trainer.model))
+            store.write(step, "optimizer.pt", trainer.optimizer.state_dict())
+            store.write(step, "trainer.pt", _trainer_payload(trainer))
+    except (UsageError, OSError) as error:
+        return f"rank {trainer.env.rank}: {error}"
+    return None
+
+
+def save_checkpoint(trainer: Trainer) -> Path | None:
+    """All ranks write, then rank 0 commits (meta.json last); everyone waits for it.
+
+    A failure on any rank (a full disk, say) stops every rank with the same one-line error;
+    the previous checkpoints stay intact.
+    """
+    store = trainer.store
+    if store is None:
+        return None
+    step = trainer.state.step
+    errors = [e for e in all_gather_object(_write_files(trainer, store, step)) if e]
+    if errors:
+        raise UsageError(f"checkpoint of step {step} failed ({errors[0]})")
+    path = None
+    if trainer.env.is_main_process:
+        config_sha = hashlib.sha256(dump(trainer.config).encode()).hexdigest()
+        meta = {"metrics": trainer.last_eval, "config_sha256": config_sha}
+        path = store.commit(step, world_size=trainer.env.world_size, meta=meta)
+        log.info("checkpoint step %d written to %s", step, path)
+    barrier()  # nobody goes on (or exits) before the checkpoint is complete
+    trainer.last_checkpoint_step = step
+    return path
+
+
+def _source(trainer: Trainer) -> tuple[CheckpointStore, int] | None:
+    """Where to resume from, decided on rank 0 and shared, so all ranks load the same step."""
+    ck, store = trainer.config.checkpoint, trainer.store
+    if ck.resume == "never":
+        return None
+    if ck.resume == "auto":
+        if store is None:
+            return None
+        step = store.latest_valid() if trainer.env.is_main_process else None
+        step = broadcast_object(step)
+        return (store, step) if step is not None else None
+    path = Path(ck.resume)
+    name = path.name
+    if not name.startswith("step-") or not name[5:].isdigit():
+        raise UsageError(
+            f"checkpoint.resume={ck.resume!r} is not auto, never or a .../step-N directory"
+        )
+    source = CheckpointStore(path.parent)
+    if int(name[5:]) not in source.valid_steps():
+        raise UsageError(f"checkpoint {path} is missing or invalid (see the warning above)")
+    return source, int(name[5:])
+
+
+def maybe_resume(trainer: Trainer) -> int | None:
+    """Load the checkpoint chosen by checkpoint.resume; returns its step (None: fresh start)."""
+    found = _source(trainer)
+    if found is None:
+        return None
+    store, step = found
+    unwrap(trainer.model).load_state_dict(store.read(step, "model.pt"))
+    trainer.optimizer.load_state_dict(store.read(step, "optimizer.pt"))
+    payload = store.read(step, "trainer.pt")
+    if trainer.scheduler is not None and payload["scheduler"] is not None:
+        trainer.scheduler.load_state_dict(payload["scheduler"])
+    if trainer.precision.scaler is not None and payload["scaler"] is not None:
+        trainer.precision.scaler.load_state_dict(payload["scaler"])
+    trainer.state.step, trainer.state.epoch = payload["step"], payload["epoch"]
+    trainer.state.global_index = payload["global_index"]
+    if payload["world_size"] == trainer.env.world_size:
+        restore_rng(store.read(step, f"rank-{trainer.env.rank}.pt")["rng"])
+    elif trainer.env.is_main_process:
+        log.warning(
+            "resuming a %d-rank checkpoint on %d ranks: data continues at sample %d of epoch "
+            "%d, random number streams start anew",
+            payload["world_size"], trainer.env.world_size, payload["global_index"],
+            payload["epoch"],
+        )  # fmt: skip
+    trainer.last_checkpoint_step = step
+    log.info("resumed from %s: step %d, epoch %d, sample %d", store.root / f"step-{step}",
+             step, payload["epoch"], payload["global_index"])  # fmt: skip
+    return step

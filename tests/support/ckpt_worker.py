@@ -1,0 +1,109 @@
+"""A training script for checkpoint tests: per-sample-seeded augmentation, data loader workers,
+a record of the sample ids of every step, and a self-inflicted SIGKILL at a chosen step.
+
+    phalanx run -n 2 ckpt_worker.py run.dir=DIR [fail.kill_at_step=7] [overrides...]
+
+Writes into the run directory: ids-rank-K.jsonl (one line per step: step and sample ids),
+starts-rank-K.txt (the first step of each start), final.pt (rank 0, the final model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+import phalanx
+from phalanx.train import model_state_dict
+
+N, DIM = 96, 6
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fail:
+    kill_at_step: int = 0
+    """SIGKILL rank 0 right after this optimizer step (0: never)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Model:
+    dropout: float = 0.0
+    """Dropout probability (draws from each rank's RNG stream, which checkpoints restore)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CkptConfig(phalanx.TrainerConfig):
+    fail: Fail = field(default_factory=Fail)
+    """Fault injection."""
+    model: Model = field(default_factory=Model)
+    """The network."""
+
+
+class Augmented(Dataset[tuple[torch.Tensor, torch.Tensor, int]]):
+    """Regression data with noise seeded by the sample index: the same on any worker/rank."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(1)
+        self.x = torch.randn(N, DIM, generator=gen)
+        self.y = self.x @ torch.randn(DIM, 1, generator=gen)
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        noise = torch.randn(DIM, generator=torch.Generator().manual_seed(1000 + i))
+        return self.x[i] + 0.05 * noise, self.y[i], i
+
+
+class Recorder(phalanx.Callback):
+    def __init__(self, run_dir: Path, rank: int, kill_at: int) -> None:
+        self.run_dir, self.rank, self.kill_at = run_dir, rank, kill_at
+
+    def on_train_start(self, trainer: phalanx.Trainer) -> None:
+        with open(self.run_dir / f"starts-rank-{self.rank}.txt", "a") as handle:
+            handle.write(f"{trainer.state.step + 1}\n")
+
+    def on_step_end(self, trainer: phalanx.Trainer) -> None:
+        if self.rank == 0 and trainer.state.step == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # a real kill -9: no cleanup of any kind
+
+
+def main() -> None:
+    cfg = phalanx.parse_config(CkptConfig)
+    with phalanx.distributed(cfg) as d:
+        assert d.run_dir is not None
+        run_dir, rank = d.run_dir.path, d.env.rank
+        ids_file = open(run_dir / f"ids-rank-{rank}.jsonl", "a")  # noqa: SIM115
+
+        def step(model: nn.Module, batch: Any) -> torch.Tensor:
+            x, y, ids = batch
+            record = {"step": trainer.state.step + 1, "ids": ids.tolist()}
+            ids_file.write(json.dumps(record) + "\n")
+            ids_file.flush()
+            return nn.functional.mse_loss(model(x), y)
+
+        torch.manual_seed(0)
+        model = nn.Sequential(
+            nn.Linear(DIM, 16), nn.Tanh(), nn.Dropout(d.config.model.dropout), nn.Linear(16, 1)
+        )
+        trainer = phalanx.Trainer(
+            d, model=model, train_data=Augmented(), train_step=step,
+            optimizer=lambda p: torch.optim.AdamW(p, lr=0.01),
+            scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7),
+            callbacks=[Recorder(run_dir, rank, d.config.fail.kill_at_step)],
+        )  # fmt: skip
+        trainer.fit()
+        ids_file.close()
+        if d.env.is_main_process:
+            torch.save(model_state_dict(trainer.model), run_dir / "final.pt")
+
+
+if __name__ == "__main__":
+    main()
