@@ -23,6 +23,7 @@ from phalanx.dist.logging import setup_logging
 from phalanx.dist.process_group import Dist, init_group, shutdown
 from phalanx.env import ClusterEnv
 from phalanx.errors import UsageError
+from phalanx.lifecycle.preemption import RunInterrupted
 from phalanx.rundir.diagnostics import write_diagnostics
 from phalanx.rundir.layout import RunDir
 from phalanx.rundir.resolve import choose_dir, with_dir, write_config
@@ -84,11 +85,14 @@ def distributed(config: Config | DistConfig | None = None) -> Iterator[Dist]:
         yield handle
         # Leave together: a rank that tears down while a peer still talks to it breaks the peer.
         barrier()
-    except (UsageError, NonFiniteError) as error:
-        # Bad input or an agreed NaN stop: one line per rank, no traceback (exit 2 / 1).
+    except (UsageError, NonFiniteError, RunInterrupted) as error:
+        # Bad input, an agreed NaN stop, or a preemption after its checkpoint: one line per
+        # rank, no traceback (exit 2 / 1 / 128 + signal).
         prefix = f"[rank {handle.env.rank}] " if handle.env.world_size > 1 else ""
-        print(f"{prefix}error: {error}", file=sys.stderr, flush=True)
+        kind = "" if isinstance(error, RunInterrupted) else "error: "
+        print(f"{prefix}{kind}{error}", file=sys.stderr, flush=True)
         code = 2 if isinstance(error, UsageError) else 1
+        code = error.exit_code if isinstance(error, RunInterrupted) else code
     finally:
         shutdown()
     if code:

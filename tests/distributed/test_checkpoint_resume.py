@@ -83,3 +83,29 @@ def test_resume_on_one_rank_continues_at_the_same_sample(tmp_path: Path) -> None
     final, expected = load(run_dir / "final.pt"), load(reference / "final.pt")
     for name in expected:
         torch.testing.assert_close(final[name], expected[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.timeout(400)
+def test_preemption_signal_checkpoints_stops_and_resumes_exactly(tmp_path: Path) -> None:
+    reference = reference_run(tmp_path, "model.dropout=0.1")
+    run_dir = tmp_path / "run"
+    result = run(
+        [str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, f"run.dir={run_dir}", *COMMON,
+         "model.dropout=0.1", "checkpoint.every_steps=0", "fail.signal_at_step=6"],
+        timeout=240,
+    )  # fmt: skip
+    assert result.returncode != 0  # an unfinished run never exits 0
+    # SIGUSR2 reached rank 1 after step 6: both ranks stop at the next step boundary.
+    for rank in (0, 1):
+        assert (
+            f"[rank {rank}] stopped at step 6 by signal SIGUSR2: checkpoint step-6, not requeued"
+            in result.stderr
+        ), result.stderr[-3000:]
+    assert "exitcode  : 140" in result.stderr  # 128 + SIGUSR2
+    assert (run_dir / "checkpoints" / "step-6" / "meta.json").exists()
+    code, err = launch(run_dir, "model.dropout=0.1")
+    assert code == 0, err
+    assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "7"]
+    final, expected = load(run_dir / "final.pt"), load(reference / "final.pt")
+    for name in expected:
+        assert torch.equal(final[name], expected[name]), name

@@ -30,6 +30,8 @@ N, DIM = 96, 6
 class Fail:
     kill_at_step: int = 0
     """SIGKILL rank 0 right after this optimizer step (0: never)."""
+    signal_at_step: int = 0
+    """Send SIGUSR2 to rank 1 (the preemption signal) after this optimizer step (0: never)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,16 +65,18 @@ class Augmented(Dataset[tuple[torch.Tensor, torch.Tensor, int]]):
 
 
 class Recorder(phalanx.Callback):
-    def __init__(self, run_dir: Path, rank: int, kill_at: int) -> None:
-        self.run_dir, self.rank, self.kill_at = run_dir, rank, kill_at
+    def __init__(self, run_dir: Path, rank: int, fail: Fail) -> None:
+        self.run_dir, self.rank, self.fail = run_dir, rank, fail
 
     def on_train_start(self, trainer: phalanx.Trainer) -> None:
         with open(self.run_dir / f"starts-rank-{self.rank}.txt", "a") as handle:
             handle.write(f"{trainer.state.step + 1}\n")
 
     def on_step_end(self, trainer: phalanx.Trainer) -> None:
-        if self.rank == 0 and trainer.state.step == self.kill_at:
+        if self.rank == 0 and trainer.state.step == self.fail.kill_at_step:
             os.kill(os.getpid(), signal.SIGKILL)  # a real kill -9: no cleanup of any kind
+        if self.rank == 1 and trainer.state.step == self.fail.signal_at_step:
+            os.kill(os.getpid(), signal.SIGUSR2)  # one rank only: all must still stop together
 
 
 def main() -> None:
@@ -97,7 +101,7 @@ def main() -> None:
             d, model=model, train_data=Augmented(), train_step=step,
             optimizer=lambda p: torch.optim.AdamW(p, lr=0.01),
             scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7),
-            callbacks=[Recorder(run_dir, rank, d.config.fail.kill_at_step)],
+            callbacks=[Recorder(run_dir, rank, d.config.fail)],
         )  # fmt: skip
         trainer.fit()
         ids_file.close()

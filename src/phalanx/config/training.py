@@ -118,6 +118,11 @@ class CheckpointConfig:
     """Also keep the checkpoint with the best value of this eval metric (e.g. eval/loss)."""
     best_mode: Literal["min", "max"] = "min"
     """Whether a smaller or a larger best_metric is better."""
+    on_signal: bool = True
+    """SIGUSR2 / SIGTERM (and SLURM's time limit): checkpoint at the next step, requeue under
+    SLURM when preempted or out of time, then stop (docs/preemption.md)."""
+    time_margin_s: float = 120.0
+    """Checkpoint and requeue this many seconds before SLURM's time limit."""
     resume: str = "auto"
     """auto: continue from the newest valid checkpoint of this run directory, if any;
     never: start fresh; or the path of a step-N directory to start from."""

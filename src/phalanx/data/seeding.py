@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import signal
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +70,10 @@ class WorkerSeeder:
     epoch: int = 0
 
     def __call__(self, worker_id: int) -> None:
+        # SLURM signals every process of a step: the workers leave preemption signals to the
+        # training process, which stops them itself (a worker killed by SIGUSR2 would crash it).
+        for signum in (signal.SIGUSR2, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
         _seed_all(worker_seed(self.seed, self.rank, worker_id, self.epoch))
 
 

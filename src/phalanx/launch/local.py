@@ -7,6 +7,7 @@ workers. This module only decides its arguments (pure) and replaces the process 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -161,5 +162,9 @@ def resolve_config(spec: RunSpec) -> RunSpec:
 def exec_torchrun(spec: RunSpec) -> None:
     """Replace this process with torchrun, so signals and the exit code pass straight through."""
     command = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(spec)]
+    # SLURM signals every process of the step: torchrun would die of SIGUSR2 (its default
+    # action) and take the workers down before they checkpoint. Ignored here, inherited through
+    # exec by torchrun; the workers install phalanx's own handler.
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     sys.stdout.flush()
     os.execv(sys.executable, command)

@@ -19,6 +19,7 @@ from phalanx.checkpoint import CheckpointStore, capture_rng, restore_rng
 from phalanx.config.loader import dump
 from phalanx.dist.collectives import all_gather_object, barrier, broadcast_object
 from phalanx.errors import UsageError
+from phalanx.lifecycle.preemption import RunInterrupted
 from phalanx.train.strategy import model_state_dict, unwrap
 
 if TYPE_CHECKING:
@@ -94,6 +95,11 @@ def _source(trainer: Trainer) -> tuple[CheckpointStore, int] | None:
     ck, store = trainer.config.checkpoint, trainer.store
     if ck.resume == "never":
         return None
+    if store is not None and trainer.env.is_main_process:
+        # A crash can leave a half-written newer step; its files must not be sealed into the
+        # checkpoint of that step when training reaches it again. The broadcast below orders
+        # this before any rank's next write.
+        store.remove_partials()
     if ck.resume == "auto":
         if store is None:
             return None
@@ -140,3 +146,26 @@ def maybe_resume(trainer: Trainer) -> int | None:
     log.info("resumed from %s: step %d, epoch %d, sample %d", store.root / f"step-{step}",
              step, payload["epoch"], payload["global_index"])  # fmt: skip
     return step
+
+
+def stop_after_interrupt(trainer: Trainer) -> None:
+    """All ranks agreed to stop early: checkpoint, requeue under SLURM if due, then raise.
+
+    Every rank tells what it saw (a signal may reach only some ranks, and only rank 0 read the
+    time limit); rank 0 requeues after the checkpoint is complete, then all ranks exit with
+    128 + the signal number, never 0.
+    """
+    watcher = trainer.watcher
+    if trainer.last_checkpoint_step != trainer.state.step:
+        save_checkpoint(trainer)
+    mine = (watcher.reason(), watcher.wants_requeue(), watcher.exit_code()) if watcher else (
+        None, False, 128 + 15)  # fmt: skip
+    seen = [m for m in all_gather_object(mine) if m[0] is not None] or [mine]
+    reason, requeue, code = seen[0][0] or "stop request", any(m[1] for m in seen), seen[0][2]
+    requeued = False
+    if requeue and trainer.env.is_main_process and watcher is not None:
+        requeued = watcher.requeue()
+    requeued = bool(broadcast_object(requeued))
+    where = f"checkpoint step-{trainer.state.step}" if trainer.store else "no run directory"
+    then = "job requeued" if requeued else "not requeued"
+    raise RunInterrupted(f"stopped at step {trainer.state.step} by {reason}: {where}, {then}", code)

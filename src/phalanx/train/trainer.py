@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -22,8 +23,14 @@ from phalanx.data.seeding import seed_everything
 from phalanx.dist.control import ControlPlane
 from phalanx.dist.process_group import Dist
 from phalanx.errors import UsageError
+from phalanx.lifecycle.preemption import PreemptionWatcher
 from phalanx.train.callbacks import Callback
-from phalanx.train.checkpointing import make_store, maybe_resume, save_checkpoint
+from phalanx.train.checkpointing import (
+    make_store,
+    maybe_resume,
+    save_checkpoint,
+    stop_after_interrupt,
+)
 from phalanx.train.evaluate import EvalFn, evaluate
 from phalanx.train.guard import NanGuard
 from phalanx.train.metrics import Metrics
@@ -105,6 +112,12 @@ class Trainer:
         self.last_eval: dict[str, Any] = {}
         self.last_checkpoint_step = -1
         self.store = make_store(self)
+        ck = config.checkpoint
+        self.watcher = (
+            PreemptionWatcher(os.environ, time_margin_s=ck.time_margin_s,
+                              read_time_limit=self.env.is_main_process)
+            if ck.on_signal else None
+        )  # fmt: skip
         self._total_steps = 0
         self.train_data, self.eval_data, self.eval_step = train_data, eval_data, eval_step
         self.collate_fn, self.callbacks = collate_fn, list(callbacks)
@@ -186,6 +199,8 @@ class Trainer:
             self.evaluate()  # stopped by max_steps inside an epoch: evaluate the final model
         if self.state.step % self.config.train.log_every:
             self._log()  # the tail since the last logging point
+        if self.stop_requested:
+            stop_after_interrupt(self)  # raises RunInterrupted after checkpoint and requeue
         if self.config.checkpoint.at_end and self.last_checkpoint_step != self.state.step:
             save_checkpoint(self)
         for cb in self.callbacks:
@@ -213,8 +228,9 @@ class Trainer:
         micro_steps = 0
         while not (self.max_steps and self.state.step >= self.max_steps):
             batches = self._micro_batches(it)
+            signalled = self.watcher is not None and self.watcher.requested
             agreed = self.control.agree(
-                has_data=len(batches) == train.grad_accum, stop=self.stop_requested
+                has_data=len(batches) == train.grad_accum, stop=self.stop_requested or signalled
             )
             if agreed.any_stop:
                 self.stop_requested = True
