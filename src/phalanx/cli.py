@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from phalanx.env import FIELDS, LAUNCHERS, detect
@@ -73,6 +74,19 @@ def _add_info(sub: argparse._SubParsersAction[_Parser]) -> None:
     info.add_argument("--no-slurm", action="store_true", help="ignore SLURM variables")
 
 
+def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
+    export = sub.add_parser(
+        "export",
+        help="write a checkpoint's model weights as one state dict file for inference",
+        description="Write the model weights of a checkpoint (a run, checkpoints or step-N "
+        "directory; full or sharded) as one plain state dict, loadable with "
+        "torch.load(OUT, weights_only=True). A directory with several steps gives its newest "
+        "valid one. Sharded checkpoints unpickle DCP metadata: export trusted ones only.",
+    )
+    export.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="checkpoint to read")
+    export.add_argument("out", metavar="OUT.pt", help="file to write (replaced atomically)")
+
+
 def build_parser() -> _Parser:
     parser = _Parser(
         prog="phalanx",
@@ -84,6 +98,7 @@ def build_parser() -> _Parser:
     )
     _add_run(sub)
     _add_info(sub)
+    _add_export(sub)
     return parser
 
 
@@ -115,10 +130,18 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from phalanx.checkpoint.export import export_weights
+
+    source, count = export_weights(Path(args.checkpoint_dir), Path(args.out))
+    print(f"exported {count} tensors of {source} to {args.out}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `phalanx` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
-    handlers = {"run": _cmd_run, "info": _cmd_info}
+    handlers = {"run": _cmd_run, "info": _cmd_info, "export": _cmd_export}
     try:
         return handlers[args.command](args)
     except UsageError as error:

@@ -12,6 +12,7 @@ EXPECTED = {
         "--rdzv-id", "--max-restarts", "--no-slurm", "-m", "--module",
     },
     "info": {"-h", "--help", "--json", "--launcher", "--no-slurm"},
+    "export": {"-h", "--help"},
 }  # fmt: skip
 
 

@@ -32,6 +32,8 @@ class Fail:
     """SIGKILL rank 0 right after this optimizer step (0: never)."""
     signal_at_step: int = 0
     """Send SIGUSR2 to rank 1 (the preemption signal) after this optimizer step (0: never)."""
+    mark_at_step: int = 0
+    """Rank 0 writes marker-<SLURM_RESTART_COUNT>.txt after this step (tests wait for it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +77,9 @@ class Recorder(phalanx.Callback):
     def on_step_end(self, trainer: phalanx.Trainer) -> None:
         if self.rank == 0 and trainer.state.step == self.fail.kill_at_step:
             os.kill(os.getpid(), signal.SIGKILL)  # a real kill -9: no cleanup of any kind
+        if self.rank == 0 and trainer.state.step == self.fail.mark_at_step:
+            restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+            (self.run_dir / f"marker-{restart}.txt").write_text(str(trainer.state.step))
         if self.rank == 1 and trainer.state.step == self.fail.signal_at_step:
             os.kill(os.getpid(), signal.SIGUSR2)  # one rank only: all must still stop together
 

@@ -47,15 +47,19 @@ def _field(record: str, name: str) -> str | None:
     return match.group(1) if match else None
 
 
-def slurm_end_time(job_id: str) -> float | None:
-    """The job's EndTime (its time limit) as a UNIX time, or None (no limit, not readable)."""
-    end = _field(_scontrol_job(job_id), "EndTime")
-    if not end or end in ("Unknown", "None"):
+def _time(value: str | None) -> float | None:
+    if not value or value in ("Unknown", "None"):
         return None
     try:
-        return datetime.strptime(end, "%Y-%m-%dT%H:%M:%S").timestamp()
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S").timestamp()
     except ValueError:
         return None
+
+
+def slurm_times(job_id: str) -> tuple[float | None, float | None]:
+    """(StartTime, EndTime) of the job as UNIX times; EndTime is its time limit."""
+    record = _scontrol_job(job_id)
+    return _time(_field(record, "StartTime")), _time(_field(record, "EndTime"))
 
 
 def was_preempted(job_id: str) -> bool:
@@ -80,7 +84,13 @@ class PreemptionWatcher:
         self.job_id = environ.get("SLURM_JOB_ID")
         self.received: int | None = None
         self.time_margin_s = time_margin_s
-        self.end_time = slurm_end_time(self.job_id) if self.job_id and read_time_limit else None
+        self.end_time: float | None = None
+        if self.job_id and read_time_limit:
+            start, self.end_time = slurm_times(self.job_id)
+            if start is not None and self.end_time is not None:
+                # At most a tenth of a short job: a 2-minute test job must still train (and not
+                # requeue itself forever at its first step).
+                self.time_margin_s = min(time_margin_s, 0.1 * (self.end_time - start))
         self._previous: dict[int, object] = {}
         if threading.current_thread() is threading.main_thread():
             for signum in HANDLED:

@@ -1,0 +1,145 @@
+"""`phalanx export`: consolidated model weights for inference, from any phalanx checkpoint.
+
+Accepted inputs, tried in this order:
+- a run directory (holds `checkpoints/`) or a checkpoints directory: its newest valid step;
+- a step directory `step-N/` with `model.pt` (the Trainer's full state dict from rank 0);
+- a step directory with `sharded/` or a bare DCP directory (save_sharded, any world size).
+A step directory with a meta.json is verified against its checksums first.
+
+The output is a plain state dict of tensors (parameter names without wrapper prefixes), written
+atomically, loadable with `torch.load(path, weights_only=True)` and `model.load_state_dict`.
+The optimizer state is not exported (it is not needed for inference, and is 2x the weights for
+Adam). Reading a sharded checkpoint unpickles DCP's `.metadata`: export trusted checkpoints only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+from phalanx.checkpoint import files
+from phalanx.checkpoint.sharded import find_sharded
+from phalanx.errors import UsageError
+
+MODEL_FILE = "model.pt"
+_MODEL_PREFIX = "model."
+_STEP_DIR = re.compile(r"step-(0|[1-9]\d*)")
+
+
+def export_weights(checkpoint: Path, out: Path) -> tuple[Path, int]:
+    """Write the model weights of `checkpoint` to `out`; returns the step directory used and
+    the number of tensors written."""
+    source = _locate(Path(checkpoint))
+    weights = _read_weights(source)
+    _write(weights, Path(out))
+    return source, len(weights)
+
+
+def _locate(path: Path) -> Path:
+    """The step (or DCP) directory to export from `path`; UsageError when there is none."""
+    if not path.is_dir():
+        what = "does not exist" if not path.exists() else "is a file, not a directory"
+        raise UsageError(f"checkpoint '{path}' {what}; pass a run, checkpoints or step-N directory")
+    if (path / MODEL_FILE).is_file() or find_sharded(path) is not None:
+        _verify(path)
+        return path
+    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    matches = [_STEP_DIR.fullmatch(name) for name in os.listdir(root)]
+    steps = sorted((int(m.group(1)), m.string) for m in matches if m)
+    problems = []
+    for step, name in reversed(steps):
+        found = files.problem(root / name, step, deep=True)
+        if found is None:
+            return root / name
+        problems.append(f"{name}: {found}")
+    if problems:
+        raise UsageError(f"no valid checkpoint in '{root}' ({'; '.join(problems)})")
+    raise UsageError(
+        f"'{path}' is not a phalanx checkpoint: no {MODEL_FILE}, no sharded/ DCP checkpoint and "
+        "no step-N directories in it; pass a run, checkpoints or step-N directory"
+    )
+
+
+def _verify(step_dir: Path) -> None:
+    """Refuse a step directory whose files do not match its meta.json (truncated, altered)."""
+    record = files.read_meta(step_dir)
+    if record is None:
+        if (step_dir / files.META_FILE).exists() or _STEP_DIR.fullmatch(step_dir.name):
+            raise UsageError(
+                f"checkpoint '{step_dir}' has no readable {files.META_FILE} (the save did not "
+                "finish); export an earlier step"
+            )
+        return  # a bare DCP directory (not inside a CheckpointStore) has no meta.json
+    step = record.get("step")
+    found = files.problem(step_dir, step, deep=True) if isinstance(step, int) else "no step"
+    if found is not None:
+        raise UsageError(f"checkpoint '{step_dir}' is damaged ({found}); export an earlier step")
+
+
+def _read_weights(source: Path) -> dict[str, torch.Tensor]:
+    if (source / MODEL_FILE).is_file():
+        return _read_model_pt(source / MODEL_FILE)
+    sharded = find_sharded(source)
+    assert sharded is not None, "_locate returns checkpoints with model.pt or sharded/"
+    return _read_sharded(sharded)
+
+
+def _read_model_pt(path: Path) -> dict[str, torch.Tensor]:
+    loaded = torch.load(path, weights_only=True, map_location="cpu")
+    if not isinstance(loaded, dict) or not all(
+        isinstance(v, torch.Tensor) for v in loaded.values()
+    ):
+        raise UsageError(f"'{path}' is not a state dict of tensors; it cannot be exported")
+    return loaded
+
+
+def _read_sharded(path: Path) -> dict[str, torch.Tensor]:
+    """The `model.*` tensors of a DCP checkpoint, read in this one process, at full size.
+
+    The template is built from DCP's metadata, so the model class is not needed and the
+    optimizer entries are never read. (DCP's `dcp_to_torch_save` would read those too.)
+    """
+    reader = FileSystemReader(path)
+    try:
+        entries = reader.read_metadata().state_dict_metadata
+    except Exception as error:
+        raise UsageError(f"cannot read DCP metadata in '{path}' ({error})") from error
+    template = {
+        key: torch.empty(entry.size, dtype=entry.properties.dtype)
+        for key, entry in entries.items()
+        if key.startswith(_MODEL_PREFIX) and isinstance(entry, TensorStorageMetadata)
+    }
+    if not template:
+        raise UsageError(
+            f"sharded checkpoint '{path}' holds no model tensors (no '{_MODEL_PREFIX}*' keys); "
+            "was it written by phalanx.checkpoint.sharded.save_sharded?"
+        )
+    try:
+        dcp_load(template, storage_reader=reader, no_dist=True)
+    except (CheckpointException, RuntimeError, OSError) as error:
+        raise UsageError(f"cannot read sharded checkpoint '{path}' ({error})") from error
+    return {key[len(_MODEL_PREFIX) :]: tensor for key, tensor in template.items()}
+
+
+def _write(weights: dict[str, torch.Tensor], out: Path) -> None:
+    """Temporary name, fsync, rename: `out` is the old file or the whole new one."""
+    if out.is_dir():
+        raise UsageError(f"output '{out}' is a directory; pass a file name such as model.pt")
+    if not out.parent.is_dir():
+        raise UsageError(f"output folder '{out.parent}' does not exist; create it first")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}{files.TMP_SUFFIX}")
+    try:
+        files.save_synced(dict(weights), tmp)
+        os.replace(tmp, out)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise files.storage_error(out.parent, error) from error

@@ -1,0 +1,287 @@
+"""Sharded checkpoints through torch.distributed.checkpoint (DCP): every rank writes its own part.
+
+Model and optimizer go through `torch.distributed.checkpoint.state_dict.get_state_dict` /
+`set_state_dict`, so keys are plain parameter names (no `module.` / `_orig_mod.`; optimizer state
+keyed by parameter name, not by index) and the same code serves DDP now and FSDP2 (DTensor shards)
+later. DDP replicas are written once (DCP de-duplicates them), and a checkpoint loads on any
+number of ranks: saved on 2, loaded on 1, DCP reshards on load.
+
+Inside a CheckpointStore step directory the DCP files sit in `sharded/`, beside the caller's own
+files, and go through the same atomic publish (checksums in meta.json cover them too):
+
+    handle = save_sharded(sharded_dir(store, step), {"model": model, "optimizer": optimizer})
+    handle.wait()                       # every rank
+    barrier()
+    if rank == 0:
+        store.commit(step, world_size=world_size, meta=meta)
+    barrier()
+    ...
+    load_sharded(store.step_dir(step), model, optimizer)   # every rank of the new job
+
+Async saves (`async_=True`, or `AsyncSaver`): the state is copied to CPU memory before the call
+returns, then written by a background thread while training continues. The next save and process
+exit must wait for that write (`handle.wait()`, `AsyncSaver.save` / `close`); only then may the step
+be committed. A save before the first optimizer step makes torch initialise the optimizer state
+with a zero-learning-rate step.
+
+Trusted input only: DCP reads its `.metadata` file with pickle, so loading a sharded checkpoint
+can run code from whoever wrote it. phalanx's own `.pt` files load with `weights_only=True`; load
+sharded checkpoints only from directories you trust.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.optim import Optimizer
+
+from phalanx.checkpoint import files
+from phalanx.checkpoint.store import CheckpointStore
+from phalanx.errors import UsageError
+
+log = logging.getLogger("phalanx.checkpoint")
+
+SHARDED_DIR = "sharded"
+"""Sub-directory of a step directory that holds the DCP files."""
+DCP_METADATA = ".metadata"
+"""DCP's index file (pickled), written last by DCP's coordinator rank."""
+STATE_KEYS = ("model", "optimizer")
+
+
+def sharded_dir(store: CheckpointStore, step: int) -> Path:
+    """Where `save_sharded` writes for `step`: inside the store's partial directory."""
+    return store.partial_dir(step) / SHARDED_DIR
+
+
+def find_sharded(path: Path) -> Path | None:
+    """The DCP directory of `path` (a step directory or the DCP directory itself), or None."""
+    for candidate in (path / SHARDED_DIR, path):
+        if (candidate / DCP_METADATA).is_file():
+            return candidate
+    return None
+
+
+class SaveHandle:
+    """A sharded save; `wait()` returns once this rank's part (and, on the coordinator rank,
+    DCP's metadata) is on disk, and re-raises the save's error if it failed."""
+
+    def __init__(
+        self, path: Path, future: Future[Any] | None, owned_group: dist.ProcessGroup | None
+    ) -> None:
+        self.path = path
+        self._future = future
+        self._owned_group = owned_group
+
+    def done(self) -> bool:
+        """True once the write has finished (successfully or not); never blocks."""
+        return self._future is None or self._future.done()
+
+    def wait(self) -> None:
+        """Block until the write is complete; call it on every rank (see `save_sharded`)."""
+        self.wait_local()
+        if self._owned_group is not None:
+            # Every rank's DCP thread is done with the group only once every rank got here;
+            # tearing it down earlier could cut a peer's last message.
+            dist.barrier(group=self._owned_group)
+            dist.destroy_process_group(self._owned_group)
+            self._owned_group = None
+
+    def wait_local(self) -> None:
+        """Wait for this rank's write only, with no collective (for error paths)."""
+        if self._future is not None:
+            future, self._future = self._future, None
+            future.result()
+
+
+def save_sharded(
+    step_dir: Path,
+    state: Mapping[str, Any],
+    *,
+    async_: bool = False,
+    process_group: dist.ProcessGroup | None = None,
+) -> SaveHandle:
+    """Write `state` = {"model": module, "optimizer": optimizer (optional)} as a DCP checkpoint.
+
+    Collective: every rank calls it with its own (possibly sharded) model. `step_dir` is the DCP
+    directory, usually `sharded_dir(store, step)`. Synchronous saves are complete on return.
+    With `async_=True` the call returns after copying the state to CPU memory and the files are
+    written in the background: call `.wait()` on every rank before the next save, before
+    committing the step and before the process exits. Without `process_group`, an async save
+    runs on a gloo group of its own, created here and released by `.wait()`; `AsyncSaver`
+    keeps one group for all its saves.
+    """
+    payload = _state_dicts(state)
+    try:
+        step_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise files.storage_error(step_dir, error) from None
+    if not async_:
+        dcp_save(payload, checkpoint_id=step_dir, process_group=process_group)
+        return SaveHandle(step_dir, None, None)
+    group = _new_gloo_group() if process_group is None else process_group
+    response = dcp_async_save(payload, checkpoint_id=step_dir, process_group=group)
+    future = response if isinstance(response, Future) else response.upload_completion
+    return SaveHandle(step_dir, future, group if process_group is None else None)
+
+
+def load_sharded(step_dir: Path, model: nn.Module, optimizer: Optimizer | None = None) -> None:
+    """Load a sharded checkpoint into `model` (and `optimizer`) in place, on any world size.
+
+    Collective over the default group. `step_dir` is a step directory holding `sharded/` or the
+    DCP directory itself. Validate the step first (`CheckpointStore.valid_steps`); this reads
+    what is there. TRUSTED INPUT ONLY: DCP unpickles the checkpoint's `.metadata`.
+    """
+    path = find_sharded(step_dir)
+    if path is None:
+        raise UsageError(
+            f"'{step_dir}' is not a sharded checkpoint: no {DCP_METADATA} in it or in its "
+            f"{SHARDED_DIR}/ folder; pass a step directory written by save_sharded"
+        )
+    if optimizer is None:
+        target: dict[str, Any] = {"model": get_model_state_dict(model)}
+    else:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        target = {"model": model_sd, "optimizer": optim_sd}
+    try:
+        dcp_load(target, checkpoint_id=path)
+    except (CheckpointException, RuntimeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(
+            f"cannot load sharded checkpoint '{path}' into this model"
+            f"{' and optimizer' if optimizer is not None else ''} ({first}); check that it was "
+            "saved from the same architecture (and with an optimizer if you pass one)"
+        ) from error
+    if optimizer is None:
+        set_model_state_dict(model, target["model"])
+    else:
+        set_state_dict(
+            model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optimizer"]
+        )
+
+
+class AsyncSaver:
+    """At most one async sharded save in flight: each save first waits for the previous one.
+
+    Construct it on every rank at the same point (it creates a gloo process group, a
+    collective), save on every rank, and `close()` (or leave the `with` block) on every rank
+    before the process exits, so that the last checkpoint is complete. `on_done` runs on this
+    rank right after its save is complete, inside the next `save`, `wait` or `close`: the place
+    for barrier + commit, since every rank reaches it at the same point.
+    """
+
+    def __init__(self, *, process_group: dist.ProcessGroup | None = None) -> None:
+        self._owns_group = process_group is None
+        self._group = _new_gloo_group() if process_group is None else process_group
+        self._pending: SaveHandle | None = None
+        self._on_done: Callable[[], None] | None = None
+
+    @property
+    def pending(self) -> bool:
+        """A save was started and not yet waited for."""
+        return self._pending is not None
+
+    def save(
+        self,
+        step_dir: Path,
+        state: Mapping[str, Any],
+        *,
+        on_done: Callable[[], None] | None = None,
+    ) -> SaveHandle:
+        """Wait for the previous save (and its `on_done`), then start this one."""
+        self.wait()
+        self._pending = save_sharded(step_dir, state, async_=True, process_group=self._group)
+        self._on_done = on_done
+        return self._pending
+
+    def wait(self) -> None:
+        """Block until the pending save is on disk, then run its `on_done`; no-op when idle."""
+        pending, on_done = self._pending, self._on_done
+        self._pending, self._on_done = None, None
+        if pending is None:
+            return
+        pending.wait()
+        if on_done is not None:
+            on_done()
+
+    def close(self) -> None:
+        """Wait for the pending save; release the saver's own process group."""
+        self.wait()
+        if self._owns_group and self._group is not None:
+            dist.barrier(group=self._group)
+            dist.destroy_process_group(self._group)
+        self._group = None
+        self._owns_group = False
+
+    def __enter__(self) -> AsyncSaver:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if kind is None:
+            self.close()
+            return
+        # After a failure peers may be gone: waiting on collectives could hang until the
+        # timeout, so only this rank's own write is awaited and its error logged.
+        pending, self._pending, self._on_done = self._pending, None, None
+        if pending is not None:
+            try:
+                pending.wait_local()
+            except BaseException as failed:
+                log.warning("async checkpoint write failed while unwinding: %s", failed)
+
+
+def _state_dicts(state: Mapping[str, Any]) -> dict[str, Any]:
+    """DCP's input for {"model": module, "optimizer": optimizer}: FQN-keyed state dicts."""
+    unknown = sorted(set(state) - set(STATE_KEYS))
+    model = state.get("model")
+    if unknown or not isinstance(model, nn.Module):
+        raise UsageError(
+            f"save_sharded takes {{'model': nn.Module, 'optimizer': Optimizer (optional)}}, got "
+            f"keys {sorted(state)} with model={type(model).__name__}; put other state (step, "
+            "scheduler, RNG) into the step directory with CheckpointStore.write"
+        )
+    optimizer = state.get("optimizer")
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    if not isinstance(optimizer, Optimizer):
+        raise UsageError(
+            f"save_sharded: 'optimizer' is a {type(optimizer).__name__}, not a torch Optimizer"
+        )
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optimizer": optim_sd}
+
+
+def _new_gloo_group() -> dist.ProcessGroup | None:
+    """A gloo group for DCP's background thread (None without torch.distributed).
+
+    The background write runs collectives (plan gather, metadata broadcast). On the default
+    group they would interleave with the training thread's (DDP's all-reduces) in a different
+    order on each rank and mismatch or hang; NCCL groups cannot carry DCP's CPU objects at all
+    (torchtitan uses a separate gloo group for the same reason).
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    group = dist.new_group(backend="gloo")
+    assert isinstance(group, dist.ProcessGroup)
+    return group

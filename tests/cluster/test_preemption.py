@@ -1,0 +1,116 @@
+"""Preemption on the real SLURM cluster: signal -> checkpoint -> requeue -> resume, bitwise.
+
+Each job trains the ckpt_worker (2 ranks, DataLoader workers, dropout, per-sample-seeded
+augmentation); rank 0 writes a marker at step 20, the test then signals the job as SLURM would.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.cluster.test_slurm import EXPORT_MASTER_ADDR
+from tests.support.procs import VENV_BIN, run
+from tests.support.slurm_cluster import SlurmCluster
+
+WORKER = str(Path(__file__).parents[1] / "support" / "ckpt_worker.py")
+TRAIN = (
+    "train.max_steps=400", "data.num_workers=2", "data.batch_size=4", "train.log_every=100",
+    "train.progress=false", "model.dropout=0.1", "fail.mark_at_step=20",
+)  # fmt: skip
+pytestmark = pytest.mark.cluster
+
+
+def wait_for(path: Path, job_id: str, slurm: SlurmCluster, timeout: float = 60) -> None:
+    """Poll for a marker the job writes (with a deadline), failing early if the job ended."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        state = slurm.job(job_id).get("JobState", "")
+        assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"job {job_id} is {state}"
+        assert time.monotonic() < deadline, f"no {path} after {timeout}s"
+        time.sleep(0.1)  # polling a condition with a deadline
+
+
+def submit(slurm: SlurmCluster, tmp_path: Path, launch: str, run_dir: Path) -> str:
+    script = "\n".join((
+        "#!/bin/bash",
+        f"#SBATCH --output={tmp_path}/job.out",
+        f"#SBATCH --error={tmp_path}/job.err",
+        "#SBATCH --time=5",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        f'export PATH="{VENV_BIN}:$PATH" OMP_NUM_THREADS=1',
+        EXPORT_MASTER_ADDR,  # the fake node name node2 does not resolve (see test_slurm.py)
+        f"{launch} {WORKER} run.dir={run_dir} {' '.join(TRAIN)}",
+        "",
+    ))  # fmt: skip
+    return slurm.sbatch(script, "-N1", "--ntasks-per-node=2" if "srun -n" in launch else "-n1")
+
+
+def reference(tmp_path: Path) -> Path:
+    """The same 2-rank training, never interrupted (phalanx run on this machine)."""
+    run_dir = tmp_path / "reference"
+    result = run([str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, f"run.dir={run_dir}",
+                  *TRAIN], timeout=240)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def output(tmp_path: Path) -> str:
+    return "".join(p.read_text() for p in (tmp_path / "job.out", tmp_path / "job.err")
+                   if p.exists())  # fmt: skip
+
+
+def assert_same_final(run_dir: Path, ref: Path) -> None:
+    final = torch.load(run_dir / "final.pt", weights_only=True)
+    expected = torch.load(ref / "final.pt", weights_only=True)
+    for name in expected:
+        assert torch.equal(final[name], expected[name]), name
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "launch",
+    ["srun -n 2 --kill-on-bad-exit=1 python", "srun -n 1 phalanx run -n 2"],
+    ids=["srun", "torchrun"],
+)
+def test_usr2_checkpoints_requeues_and_resumes_bitwise(
+    slurm: SlurmCluster, tmp_path: Path, launch: str
+) -> None:
+    ref = reference(tmp_path)
+    run_dir = tmp_path / "run"
+    job = submit(slurm, tmp_path, launch, run_dir)
+    wait_for(run_dir / "marker-0.txt", job, slurm)
+    slurm.command(["scancel", "--signal=USR2", job])
+    state = slurm.wait(job, 200)
+    info = slurm.job(job)
+    assert state == "COMPLETED" and info.get("Restarts") == "1", (info, output(tmp_path))
+    starts = [int(s) for s in (run_dir / "starts-rank-0.txt").read_text().split()]
+    assert starts[0] == 1 and 21 < starts[1] < 400, starts  # resumed after the checkpoint
+    stopped = starts[1] - 1
+    assert f"stopped at step {stopped} by signal SIGUSR2" in output(tmp_path), output(tmp_path)
+    assert "job requeued" in output(tmp_path)
+    assert_same_final(run_dir, ref)
+    ids = [json.loads(line)["step"] for line in (run_dir / "ids-rank-1.jsonl").open()]
+    assert sorted(set(ids)) == list(range(1, 401))
+
+
+@pytest.mark.timeout(200)
+def test_plain_scancel_checkpoints_and_ends_without_requeue(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    job = submit(slurm, tmp_path, "srun -n 2 --kill-on-bad-exit=1 python", run_dir)
+    wait_for(run_dir / "marker-0.txt", job, slurm)
+    slurm.command(["scancel", job])
+    state = slurm.wait(job, 60)
+    info = slurm.job(job)
+    assert state == "CANCELLED" and info.get("Restarts") == "0", info
+    checkpoints = sorted((run_dir / "checkpoints").glob("step-*/meta.json"))
+    assert len(checkpoints) == 1, output(tmp_path)  # the final checkpoint of the cancelled run
+    step = int(checkpoints[0].parent.name[5:])
+    assert 20 <= step < 400
