@@ -114,3 +114,41 @@ def test_plain_scancel_checkpoints_and_ends_without_requeue(
     assert len(checkpoints) == 1, output(tmp_path)  # the final checkpoint of the cancelled run
     step = int(checkpoints[0].parent.name[5:])
     assert 20 <= step < 400
+
+
+@pytest.mark.timeout(200)
+def test_time_limit_signal_checkpoints_and_requeues(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """`--signal=USR2@50` on a 1-minute job: SLURM signals ahead of the limit (here early)."""
+    run_dir = tmp_path / "run"
+    launch = "srun -n 2 --kill-on-bad-exit=1 python"
+    script = "\n".join((
+        "#!/bin/bash",
+        f"#SBATCH --output={tmp_path}/job.out",
+        f"#SBATCH --error={tmp_path}/job.err",
+        "#SBATCH --time=1",
+        "#SBATCH --signal=USR2@50",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        f'export PATH="{VENV_BIN}:$PATH" OMP_NUM_THREADS=1',
+        EXPORT_MASTER_ADDR,
+        # Many steps: the run must still be training when the signal comes.
+        f"{launch} {WORKER} run.dir={run_dir} {' '.join(TRAIN)} train.max_steps=100000",
+        "",
+    ))  # fmt: skip
+    job = slurm.sbatch(script, "-N1", "--ntasks-per-node=2")
+    try:
+        deadline = time.monotonic() + 150
+        while slurm.job(job).get("Restarts", "0") == "0":
+            assert time.monotonic() < deadline, (slurm.job(job), output(tmp_path))
+            assert slurm.job(job).get("JobState") in (
+                "PENDING",
+                "RUNNING",
+                "REQUEUED",
+                "CONFIGURING",
+                "COMPLETING",
+            ), output(tmp_path)
+            time.sleep(0.2)  # polling a condition with a deadline
+    finally:
+        slurm.cancel(job)
+    assert "by signal SIGUSR2" in output(tmp_path) and "job requeued" in output(tmp_path)
+    assert list((run_dir / "checkpoints").glob("step-*/meta.json")), output(tmp_path)
