@@ -152,3 +152,22 @@ def test_time_limit_signal_checkpoints_and_requeues(slurm: SlurmCluster, tmp_pat
         slurm.cancel(job)
     assert "by signal SIGUSR2" in output(tmp_path) and "job requeued" in output(tmp_path)
     assert list((run_dir / "checkpoints").glob("step-*/meta.json")), output(tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_partition_preemption_requeues_and_resumes_bitwise(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    ref = reference(tmp_path)
+    run_dir = tmp_path / "run"
+    job = submit(slurm, tmp_path, "srun -n 2 --kill-on-bad-exit=1 python", run_dir)
+    wait_for(run_dir / "marker-0.txt", job, slurm)
+    node = slurm.job(job)["NodeList"]
+    high = slurm.sbatch("#!/bin/bash\ntrue\n", "-p", "high", "--exclusive", "-w", node,
+                        f"--output={tmp_path}/high.out")  # fmt: skip
+    state = slurm.wait(job, 240)
+    slurm.wait(high, 30)
+    info = slurm.job(job)
+    assert state == "COMPLETED" and int(info.get("Restarts", "0")) >= 1, (info, output(tmp_path))
+    assert "by signal SIGTERM" in output(tmp_path) and "job requeued" in output(tmp_path)
+    assert_same_final(run_dir, ref)

@@ -19,6 +19,13 @@ from tests.support.procs import VENV_BIN, base_env, run
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
 
+@pytest.fixture(autouse=True)
+def _inductor_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # torch's first optimizer step in a process sets TORCHINDUCTOR_CACHE_DIR
+    # (torch/_inductor/runtime/cache_dir_utils.py); set here, it is undone after the test.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+
 def model(seed: int) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
@@ -58,7 +65,7 @@ def test_run_directory_exports_its_newest_valid_step(tmp_path: Path) -> None:
     source, _ = export_weights(tmp_path, tmp_path / "out.pt")
     assert source == store.step_dir(4)
     assert_weights(tmp_path / "out.pt", 4)
-    with pytest.raises(UsageError, match="is damaged .*sha256 mismatch"):
+    with pytest.raises(UsageError, match=r"is damaged .*sha256 mismatch"):
         export_weights(store.step_dir(8), tmp_path / "out.pt")
 
 
@@ -77,32 +84,25 @@ def phalanx_export(*args: str) -> subprocess.CompletedProcess[str]:
     return run([str(VENV_BIN / "phalanx"), "export", *args], timeout=60, env=base_env())
 
 
-@pytest.mark.parametrize(
-    ("case", "words"),
-    [
-        ("missing", ["does not exist"]),
-        ("empty", ["is not a phalanx checkpoint"]),
-        ("unfinished", ["no readable meta.json"]),
-        ("no-out-dir", ["output folder", "does not exist"]),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, case: str, words: list[str]) -> None:
-    store = trainer_checkpoints(tmp_path / "checkpoints", [2])
-    source, out = store.step_dir(2), tmp_path / "out.pt"
-    if case == "missing":
-        source = tmp_path / "nope"
-    elif case == "empty":
-        source = tmp_path / "empty"
+@pytest.mark.parametrize("case", ["missing", "empty"])
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, case: str) -> None:
+    source = tmp_path / case
+    if case == "empty":
         source.mkdir()
-    elif case == "unfinished":
-        (source / "meta.json").unlink()
-    else:
-        out = tmp_path / "no" / "out.pt"
-    result = phalanx_export(str(source), str(out))
+    result = phalanx_export(str(source), str(tmp_path / "out.pt"))
     assert result.returncode == 2, (result.returncode, result.stderr)
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and result.stdout == "", result.stderr
-    assert lines[0].startswith("phalanx export: error: ")
-    for word in words:
-        assert word in lines[0], lines[0]
-    assert not out.exists()
+    words = "does not exist" if case == "missing" else "is not a phalanx checkpoint"
+    assert lines[0].startswith("phalanx export: error: ") and words in lines[0], lines[0]
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_unfinished_checkpoint_and_missing_output_folder_are_refused(tmp_path: Path) -> None:
+    store = trainer_checkpoints(tmp_path / "checkpoints", [2])
+    with pytest.raises(UsageError, match=r"output folder .* does not exist"):
+        export_weights(store.step_dir(2), tmp_path / "no" / "out.pt")
+    (store.step_dir(2) / "meta.json").unlink()
+    with pytest.raises(UsageError, match=r"no readable meta\.json"):
+        export_weights(store.step_dir(2), tmp_path / "out.pt")
+    assert not (tmp_path / "out.pt").exists()

@@ -68,7 +68,7 @@ def test_store_commit_covers_the_dcp_files_and_load_restores_everything(tmp_path
 
 
 def test_async_saver_writes_the_state_of_save_time_then_runs_on_done(tmp_path: Path) -> None:
-    model, optimizer = trained()
+    model, _ = trained()
     expected = model(X).detach()
     committed: list[int] = []
     with AsyncSaver() as saver:
@@ -87,12 +87,12 @@ def test_async_saver_writes_the_state_of_save_time_then_runs_on_done(tmp_path: P
 
 def test_bad_state_and_bad_directories_are_one_line_errors(tmp_path: Path) -> None:
     model, optimizer = trained()
-    with pytest.raises(UsageError, match="takes .'model'"):
+    with pytest.raises(UsageError, match=r"takes .'model'"):
         save_sharded(tmp_path / "s", {"model": model, "step": 3})
     with pytest.raises(UsageError, match="not a torch Optimizer"):
         save_sharded(tmp_path / "s", {"model": model, "optimizer": "adam"})
     with pytest.raises(UsageError, match="is not a sharded checkpoint"):
         load_sharded(tmp_path, model)
     save_sharded(tmp_path / "weights-only", {"model": model}).wait()
-    with pytest.raises(UsageError, match="cannot load sharded checkpoint .* and optimizer"):
+    with pytest.raises(UsageError, match=r"cannot load sharded checkpoint .* and optimizer"):
         load_sharded(tmp_path / "weights-only", model, optimizer)
