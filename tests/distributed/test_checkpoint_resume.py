@@ -109,3 +109,27 @@ def test_preemption_signal_checkpoints_stops_and_resumes_exactly(tmp_path: Path)
     final, expected = load(run_dir / "final.pt"), load(reference / "final.pt")
     for name in expected:
         assert torch.equal(final[name], expected[name]), name
+
+
+@pytest.mark.timeout(400)
+def test_corrupt_newest_checkpoints_fall_back_with_a_warning(tmp_path: Path) -> None:
+    reference = reference_run(tmp_path)  # checkpoints at steps 4, 8 and 12
+    run_dir = tmp_path / "run"
+    code, err = launch(run_dir)
+    assert code == 0, err
+    checkpoints = run_dir / "checkpoints"
+    truncated = checkpoints / "step-12" / "model.pt"
+    truncated.write_bytes(truncated.read_bytes()[:-10])
+    flipped = checkpoints / "step-8" / "optimizer.pt"
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one byte different
+    flipped.write_bytes(bytes(data))
+    (run_dir / "final.pt").unlink()
+    code, err = launch(run_dir)  # resume=auto: step 12 and 8 are corrupt, step 4 is not
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if "is unusable, skipped" in line]
+    assert any("step-12" in w for w in warnings) and any("step-8" in w for w in warnings), err
+    assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "5"]
+    final, expected = load(run_dir / "final.pt"), load(reference / "final.pt")
+    for name in expected:
+        assert torch.equal(final[name], expected[name]), name
