@@ -14,6 +14,7 @@ OUT/loaded-N.pt in the same format.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -57,15 +58,8 @@ def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, An
     model_sd, optim_sd = get_state_dict(model, optimizer)
     with torch.no_grad():
         outputs = model(fixed_input())
-    clone = lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v  # noqa: E731
-    return {
-        "outputs": outputs.clone(),
-        "model": {k: clone(v) for k, v in model_sd.items()},
-        "optimizer": {
-            "state": {p: {k: clone(v) for k, v in s.items()} for p, s in optim_sd["state"].items()},
-            "param_groups": optim_sd["param_groups"],
-        },
-    }
+    # Deep copies: the tensors of get_state_dict share storage with the live model.
+    return {"outputs": outputs, **copy.deepcopy({"model": model_sd, "optimizer": optim_sd})}
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, rank: int) -> None:

@@ -37,6 +37,7 @@ _STEP_DIR = re.compile(r"step-(0|[1-9]\d*)")
 def export_weights(checkpoint: Path, out: Path) -> tuple[Path, int]:
     """Write the model weights of `checkpoint` to `out`; returns the step directory used and
     the number of tensors written."""
+    _check_out(Path(out))  # before reading what may be gigabytes
     source = _locate(Path(checkpoint))
     weights = _read_weights(source)
     _write(weights, Path(out))
@@ -129,12 +130,15 @@ def _read_sharded(path: Path) -> dict[str, torch.Tensor]:
     return {key[len(_MODEL_PREFIX) :]: tensor for key, tensor in template.items()}
 
 
-def _write(weights: dict[str, torch.Tensor], out: Path) -> None:
-    """Temporary name, fsync, rename: `out` is the old file or the whole new one."""
+def _check_out(out: Path) -> None:
     if out.is_dir():
         raise UsageError(f"output '{out}' is a directory; pass a file name such as model.pt")
     if not out.parent.is_dir():
         raise UsageError(f"output folder '{out.parent}' does not exist; create it first")
+
+
+def _write(weights: dict[str, torch.Tensor], out: Path) -> None:
+    """Temporary name, fsync, rename: `out` is the old file or the whole new one."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}{files.TMP_SUFFIX}")
     try:
         files.save_synced(dict(weights), tmp)

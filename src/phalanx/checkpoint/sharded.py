@@ -20,9 +20,12 @@ files, and go through the same atomic publish (checksums in meta.json cover them
 
 Async saves (`async_=True`, or `AsyncSaver`): the state is copied to CPU memory before the call
 returns, then written by a background thread while training continues. The next save and process
-exit must wait for that write (`handle.wait()`, `AsyncSaver.save` / `close`); only then may the step
-be committed. A save before the first optimizer step makes torch initialise the optimizer state
-with a zero-learning-rate step.
+exit must wait for that write (`handle.wait()`, `AsyncSaver.save` / `close`); only then may the
+step be committed. `AsyncSaver` keeps the CPU copy (pinned when CUDA is available) between saves:
+host memory must hold one more copy of this rank's model and optimizer state.
+
+A save before the first optimizer step makes torch initialise the optimizer state with a
+zero-learning-rate step (Adam's step count then starts at 1).
 
 Trusted input only: DCP reads its `.metadata` file with pickle, so loading a sharded checkpoint
 can run code from whoever wrote it. phalanx's own `.pt` files load with `weights_only=True`; load
@@ -38,9 +41,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -127,18 +132,12 @@ def save_sharded(
     runs on a gloo group of its own, created here and released by `.wait()`; `AsyncSaver`
     keeps one group for all its saves.
     """
-    payload = _state_dicts(state)
-    try:
-        step_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise files.storage_error(step_dir, error) from None
+    payload = _prepare(step_dir, state)
     if not async_:
         dcp_save(payload, checkpoint_id=step_dir, process_group=process_group)
         return SaveHandle(step_dir, None, None)
     group = _new_gloo_group() if process_group is None else process_group
-    response = dcp_async_save(payload, checkpoint_id=step_dir, process_group=group)
-    future = response if isinstance(response, Future) else response.upload_completion
-    return SaveHandle(step_dir, future, group if process_group is None else None)
+    return _start_async(step_dir, payload, group, stager=None, owns_group=process_group is None)
 
 
 def load_sharded(step_dir: Path, model: nn.Module, optimizer: Optimizer | None = None) -> None:
@@ -189,6 +188,17 @@ class AsyncSaver:
     def __init__(self, *, process_group: dist.ProcessGroup | None = None) -> None:
         self._owns_group = process_group is None
         self._group = _new_gloo_group() if process_group is None else process_group
+        # One stager for all saves: its CPU copy of the state is allocated (and, with CUDA,
+        # pinned) once and refilled by each save, instead of allocated anew while training
+        # waits. The previous write has always finished before the next copy (see save()).
+        self._stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=torch.cuda.is_available(),
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=False,
+            )
+        )
         self._pending: SaveHandle | None = None
         self._on_done: Callable[[], None] | None = None
 
@@ -206,7 +216,9 @@ class AsyncSaver:
     ) -> SaveHandle:
         """Wait for the previous save (and its `on_done`), then start this one."""
         self.wait()
-        self._pending = save_sharded(step_dir, state, async_=True, process_group=self._group)
+        self._pending = _start_async(
+            step_dir, _prepare(step_dir, state), self._group, stager=self._stager
+        )
         self._on_done = on_done
         return self._pending
 
@@ -221,8 +233,9 @@ class AsyncSaver:
             on_done()
 
     def close(self) -> None:
-        """Wait for the pending save; release the saver's own process group."""
+        """Wait for the pending save; release the CPU copy and the saver's own process group."""
         self.wait()
+        self._stager.close()
         if self._owns_group and self._group is not None:
             dist.barrier(group=self._group)
             dist.destroy_process_group(self._group)
@@ -249,6 +262,32 @@ class AsyncSaver:
                 pending.wait_local()
             except BaseException as failed:
                 log.warning("async checkpoint write failed while unwinding: %s", failed)
+        self._stager.close()
+
+
+def _prepare(step_dir: Path, state: Mapping[str, Any]) -> dict[str, Any]:
+    payload = _state_dicts(state)
+    try:
+        step_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise files.storage_error(step_dir, error) from None
+    return payload
+
+
+def _start_async(
+    step_dir: Path,
+    payload: dict[str, Any],
+    group: dist.ProcessGroup | None,
+    *,
+    stager: DefaultStager | None,
+    owns_group: bool = False,
+) -> SaveHandle:
+    """Copy `payload` to CPU memory now, write it from a background thread."""
+    response = dcp_async_save(
+        payload, checkpoint_id=step_dir, process_group=group, async_stager=stager
+    )
+    future = response if isinstance(response, Future) else response.upload_completion
+    return SaveHandle(step_dir, future, group if owns_group else None)
 
 
 def _state_dicts(state: Mapping[str, Any]) -> dict[str, Any]:

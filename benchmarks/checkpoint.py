@@ -1,0 +1,221 @@
+"""Sync vs async sharded checkpoint saves: how long training is blocked, and how much slower the
+steps run while the background write goes on.
+
+    python benchmarks/checkpoint.py [--size-mb 300] [--reps 5] [--device cpu|cuda] [--threads 1]
+        [--dir FOLDER] [--out benchmarks/results/checkpoint.json]
+    python benchmarks/checkpoint.py --device cuda --size-mb 1500     # the goal's setting
+
+One process (a 1-rank gloo group, as under `phalanx run -n 1`) trains an MLP whose parameters
+plus AdamW moments make about `--size-mb` of state. Every repetition measures, interleaved (the
+order of sync and async alternates, so drift hits both alike):
+- baseline: the median time of a training step with no save in flight;
+- sync: `save_sharded(...).wait()`, all of which blocks training;
+- async: `AsyncSaver.save(...)` returns after the copy into CPU memory (blocked), then training
+  steps run until the write is done; slowdown = sum over those steps of (step - baseline), and
+  any wait left after them counts as blocked too. cost = blocked + slowdown.
+Prints median and spread (min..max, stdev) and writes every sample as JSON.
+
+Goal (issue 5): on a GPU with >= 1 GB of state, async blocked + slowdown <= 10% of the sync save.
+On CPU it only has to run: the copy and the write compete with training for the same cores and
+memory bandwidth, so the ratio says little there. CPU mode trains on `--threads` (default 1)
+threads, leaving the other cores to the writer, as a GPU job leaves its host CPU free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from phalanx.checkpoint.sharded import AsyncSaver, save_sharded
+from phalanx.dist import DistConfig, init_group, shutdown
+
+GOAL = 0.10
+MIB = 1 << 20
+
+
+def build(size_mb: float, width: int, device: str) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """An MLP of `width`-wide layers; parameters + 2 AdamW moments ~ size_mb (fp32)."""
+    per_layer = (width * width + width) * 4 * 3
+    layers = max(1, math.ceil(size_mb * MIB / per_layer))
+    blocks: list[nn.Module] = []
+    for _ in range(layers):
+        blocks += [nn.Linear(width, width), nn.Tanh()]
+    model = nn.Sequential(*blocks).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return model, optimizer
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    total = 0
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            total += param.numel() * param.element_size()
+            for value in optimizer.state[param].values():
+                if isinstance(value, torch.Tensor):
+                    total += value.numel() * value.element_size()
+    return total
+
+
+def make_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, width: int, device: str
+) -> Callable[[], float]:
+    """One training step; returns its wall time (synchronised on CUDA)."""
+    batch = torch.randn(32, width, device=device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def step() -> float:
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        model(batch).pow(2).mean().backward()
+        optimizer.step()
+        sync()
+        return time.perf_counter() - start
+
+    return step
+
+
+def sync_save(state: dict[str, Any], folder: Path) -> dict[str, float]:
+    start = time.perf_counter()
+    save_sharded(folder, state).wait()
+    return {"sync_blocked_s": time.perf_counter() - start}
+
+
+def async_save(
+    saver: AsyncSaver, state: dict[str, Any], folder: Path, step: Callable[[], float],
+    baseline: float, max_steps: int,
+) -> dict[str, float]:  # fmt: skip
+    start = time.perf_counter()
+    handle = saver.save(folder, state)
+    blocked = time.perf_counter() - start
+    during: list[float] = []
+    while not handle.done() and len(during) < max_steps:
+        during.append(step())
+    start = time.perf_counter()
+    saver.wait()
+    blocked += time.perf_counter() - start
+    slowdown = sum(t - baseline for t in during)
+    return {
+        "async_blocked_s": blocked,
+        "async_slowdown_s": slowdown,
+        "async_cost_s": blocked + slowdown,
+        "steps_during_write": float(len(during)),
+    }
+
+
+def one_rep(
+    rep: int, state: dict[str, Any], saver: AsyncSaver, step: Callable[[], float],
+    scratch: Path, args: argparse.Namespace,
+) -> dict[str, float]:  # fmt: skip
+    baseline = statistics.median(step() for _ in range(args.baseline_steps))
+    sample: dict[str, float] = {"rep": float(rep), "baseline_step_s": baseline}
+    order = ("sync", "async") if rep % 2 == 0 else ("async", "sync")
+    for mode in order:
+        folder = scratch / f"rep-{rep}-{mode}"
+        if mode == "sync":
+            sample |= sync_save(state, folder)
+        else:
+            sample |= async_save(saver, state, folder, step, baseline, args.max_steps)
+        shutil.rmtree(folder)  # keeps disk use at one checkpoint; not timed
+    sample["ratio"] = sample["async_cost_s"] / sample["sync_blocked_s"]
+    return sample
+
+
+def summarise(samples: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    keys = [k for k in samples[0] if k != "rep"]
+    table = {}
+    for key in keys:
+        values = [s[key] for s in samples]
+        table[key] = {
+            "median": statistics.median(values),
+            "min": min(values),
+            "max": max(values),
+            "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+        }
+    return table
+
+
+def report(table: dict[str, dict[str, float]], meta: dict[str, Any]) -> None:
+    print(f"\nstate {meta['state_mb']:.0f} MB on {meta['device']}, {meta['reps']} repetitions")
+    print(f"{'metric':<20}{'median':>10}{'min..max':>22}{'stdev':>10}")
+    for key, row in table.items():
+        print(
+            f"{key:<20}{row['median']:>10.4f}{row['min']:>10.4f}..{row['max']:<10.4f}"
+            f"{row['stdev']:>10.4f}"
+        )
+    verdict = "OK" if meta["goal_met"] else "MISSED"
+    where = "" if meta["goal_applies"] else " (goal applies on GPU with >= 1 GB of state only)"
+    print(f"async cost / sync save = {table['ratio']['median']:.1%}: {verdict}{where}")
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--size-mb", type=float, default=300.0, help="model + optimizer state")
+    parser.add_argument("--width", type=int, default=1024, help="width of the MLP layers")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions (at least 5)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (CPU mode; see the docstring)"
+    )
+    parser.add_argument("--baseline-steps", type=int, default=5)
+    parser.add_argument("--max-steps", type=int, default=500, help="steps per async write")
+    parser.add_argument("--dir", type=Path, default=None, help="where checkpoints are written")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/checkpoint.json"))
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse()
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    init_group(DistConfig(launcher="local", setup_logging=False))
+    model, optimizer = build(args.size_mb, args.width, args.device)
+    step = make_step(model, optimizer, args.width, args.device)
+    step()  # materialises the AdamW moments: the state has its full size from here on
+    state = {"model": model, "optimizer": optimizer}
+    scratch = Path(tempfile.mkdtemp(prefix="phalanx-ckpt-bench-", dir=args.dir))
+    samples = []
+    try:
+        with AsyncSaver() as saver:
+            for rep in range(max(args.reps, 5)):
+                samples.append(one_rep(rep, state, saver, step, scratch, args))
+                print(json.dumps(samples[-1]), flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutdown()
+    table = summarise(samples)
+    size = state_bytes(optimizer)
+    applies = args.device.startswith("cuda") and size >= 1 << 30
+    meta = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "state_mb": size / MIB,
+        "checkpoint_dir": str(scratch.parent),
+        "reps": len(samples),
+        "goal": f"async blocked + slowdown <= {GOAL:.0%} of a sync save",
+        "goal_applies": applies,
+        "goal_met": table["ratio"]["median"] <= GOAL,
+    }
+    report(table, meta)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({**meta, "table": table, "samples": samples}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
