@@ -185,6 +185,8 @@ def main() -> None:
     step = make_step(model, optimizer, args.width, args.device)
     step()  # materialises the AdamW moments: the state has its full size from here on
     state = {"model": model, "optimizer": optimizer}
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="phalanx-ckpt-bench-", dir=args.dir))
     samples = []
     try:
