@@ -75,6 +75,7 @@ def test_resume_on_one_rank_continues_at_the_same_sample(tmp_path: Path) -> None
     code, err = launch(run_dir, f"checkpoint.resume={reference}/checkpoints/step-4",
                        "data.batch_size=8", ranks=1)  # fmt: skip
     assert code == 0, err
+    assert "the config differs from the one checkpoint step-4 was trained with" in err
     ids = steps_to_ids(run_dir, 0)
     ref0, ref1 = steps_to_ids(reference, 0), steps_to_ids(reference, 1)
     assert sorted(ids) == list(range(5, 13))

@@ -11,12 +11,13 @@ another number of ranks continues with the next unseen sample (RNG streams then 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from phalanx.checkpoint import CheckpointStore, capture_rng, restore_rng
-from phalanx.config.loader import dump
+from phalanx.config.coerce import to_plain
 from phalanx.dist.collectives import all_gather_object, barrier, broadcast_object
 from phalanx.errors import UsageError
 from phalanx.lifecycle.preemption import RunInterrupted
@@ -37,6 +38,12 @@ def make_store(trainer: Trainer) -> CheckpointStore | None:
         run_dir.checkpoints, keep_last=ck.keep_last,
         best_metric=ck.best_metric or None, best_mode=ck.best_mode,
     )  # fmt: skip
+
+
+def config_fingerprint(trainer: Trainer) -> str:
+    """sha256 of the config without the sections that may change on a resume (run, checkpoint)."""
+    plain = {k: v for k, v in to_plain(trainer.config).items() if k not in ("run", "checkpoint")}
+    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
 
 
 def _trainer_payload(trainer: Trainer) -> dict[str, Any]:
@@ -81,8 +88,7 @@ def save_checkpoint(trainer: Trainer) -> Path | None:
         raise UsageError(f"checkpoint of step {step} failed ({errors[0]})")
     path = None
     if trainer.env.is_main_process:
-        config_sha = hashlib.sha256(dump(trainer.config).encode()).hexdigest()
-        meta = {"metrics": trainer.last_eval, "config_sha256": config_sha}
+        meta = {"metrics": trainer.last_eval, "config_sha256": config_fingerprint(trainer)}
         path = store.commit(step, world_size=trainer.env.world_size, meta=meta)
         log.info("checkpoint step %d written to %s", step, path)
     barrier()  # nobody goes on (or exits) before the checkpoint is complete
@@ -141,6 +147,12 @@ def maybe_resume(trainer: Trainer) -> int | None:
             "%d, random number streams start anew",
             payload["world_size"], trainer.env.world_size, payload["global_index"],
             payload["epoch"],
+        )  # fmt: skip
+    changed = store.meta(step).get("config_sha256") != config_fingerprint(trainer)
+    if changed and trainer.env.is_main_process:
+        log.warning(
+            "the config differs from the one checkpoint step-%d was trained with (the run "
+            "directory keeps the earlier config.yaml beside the current one)", step,
         )  # fmt: skip
     trainer.last_checkpoint_step = step
     log.info("resumed from %s: step %d, epoch %d, sample %d", store.root / f"step-{step}",
