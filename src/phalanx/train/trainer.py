@@ -88,7 +88,16 @@ class Trainer:
         if eval_data is not None and eval_step is None:
             raise UsageError("eval_data was given without eval_step; pass both or neither")
         self.config, self.handle, self.env = config, handle, handle.env
-        train = config.train
+        self.train_data, self.eval_data, self.eval_step = train_data, eval_data, eval_step
+        self.collate_fn, self.callbacks = collate_fn, list(callbacks)
+        self._build_training(model, optimizer, scheduler, train_step)
+        self._build_bookkeeping(flops_per_sample, tokens_per_sample)
+
+    def _build_training(
+        self, model: nn.Module, optimizer: Any, scheduler: Any, train_step: StepFn
+    ) -> None:
+        """Seeds, the wrapped model, optimizer, schedule, precision, guard: what a step needs."""
+        train, handle = self.config.train, self.handle
         seed_everything(train.seed, rank=self.env.rank)
         self.model = wrap_model(
             model,
@@ -105,28 +114,6 @@ class Trainer:
             train.nan_policy, handle.device, rank=self.env.rank, world_size=self.env.world_size
         )
         self.metrics = Metrics(handle.device)
-        self.control = ControlPlane()
-        self.state = TrainState()
-        self.history: list[dict[str, Any]] = []
-        self.stop_requested = False
-        self.last_eval: dict[str, Any] = {}
-        self.last_checkpoint_step = -1
-        self.store = make_store(self)
-        ck = config.checkpoint
-        self.watcher = (
-            PreemptionWatcher(os.environ, time_margin_s=ck.time_margin_s,
-                              read_time_limit=self.env.is_main_process)
-            if ck.on_signal else None
-        )  # fmt: skip
-        self._total_steps = 0
-        self.train_data, self.eval_data, self.eval_step = train_data, eval_data, eval_step
-        self.collate_fn, self.callbacks = collate_fn, list(callbacks)
-        self.throughput = Throughput(
-            world_size=self.env.world_size,
-            flops_per_sample=flops_per_sample,
-            tokens_per_sample=tokens_per_sample,
-            peak=peak_flops(handle.device),
-        )
         self._parts = StepParts(
             model=self.model,
             optimizer=self.optimizer,
@@ -136,6 +123,31 @@ class Trainer:
             metrics=self.metrics,
             clip_grad_norm=train.clip_grad_norm,
             scheduler=self.scheduler,
+        )
+
+    def _build_bookkeeping(
+        self, flops_per_sample: float | None, tokens_per_sample: float | None
+    ) -> None:
+        """Position, history, checkpoints, preemption, throughput: what the loop keeps."""
+        self.control = ControlPlane()
+        self.state = TrainState()
+        self.history: list[dict[str, Any]] = []
+        self.stop_requested = False
+        self.last_eval: dict[str, Any] = {}
+        self.last_checkpoint_step = -1
+        self.store = make_store(self)
+        ck = self.config.checkpoint
+        self.watcher = (
+            PreemptionWatcher(os.environ, time_margin_s=ck.time_margin_s,
+                              read_time_limit=self.env.is_main_process)
+            if ck.on_signal else None
+        )  # fmt: skip
+        self._total_steps = 0
+        self.throughput = Throughput(
+            world_size=self.env.world_size,
+            flops_per_sample=flops_per_sample,
+            tokens_per_sample=tokens_per_sample,
+            peak=peak_flops(self.handle.device),
         )
 
     @property
