@@ -13,15 +13,13 @@ from collections.abc import Iterator
 
 from torch.utils.data import Sampler
 
+from phalanx.data.sampler import check_rank
 from phalanx.errors import UsageError
 
 
 def eval_shard(dataset_len: int, rank: int, world_size: int) -> range:
     """The contiguous, unpadded slice of `range(dataset_len)` that `rank` evaluates."""
-    if world_size < 1:
-        raise UsageError(f"world_size={world_size} must be >= 1; pass env.world_size")
-    if not 0 <= rank < world_size:
-        raise UsageError(f"rank={rank} not in 0..{world_size - 1}; pass env.rank")
+    check_rank(rank, world_size)
     if dataset_len < 0:
         raise UsageError(f"dataset_len={dataset_len} must be >= 0; pass len(dataset)")
     base, extra = divmod(dataset_len, world_size)

@@ -52,11 +52,16 @@ def global_order(dataset_len: int, *, seed: int, epoch: int, shuffle: bool = Tru
     return torch.randperm(dataset_len, generator=generator, dtype=torch.int64)
 
 
-def _check_geometry(rank: int, world_size: int, batch_size: int) -> None:
+def check_rank(rank: int, world_size: int) -> None:
+    """A rank and world size as torch.distributed would accept them, or a one-line error."""
     if world_size < 1:
         raise UsageError(f"world_size={world_size} must be >= 1; pass env.world_size")
     if not 0 <= rank < world_size:
         raise UsageError(f"rank={rank} not in 0..{world_size - 1}; pass env.rank")
+
+
+def _check_geometry(rank: int, world_size: int, batch_size: int) -> None:
+    check_rank(rank, world_size)
     if batch_size < 1:
         raise UsageError(f"batch_size={batch_size} must be >= 1 (it is the per-rank batch size)")
 
