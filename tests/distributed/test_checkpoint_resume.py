@@ -46,16 +46,19 @@ def reference_run(tmp_path: Path, *overrides: str) -> Path:
 
 
 @pytest.mark.timeout(400)
-def test_kill_9_then_resume_is_bitwise_equal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sharded", ["false", "true"], ids=["full", "sharded"])
+def test_kill_9_then_resume_is_bitwise_equal(tmp_path: Path, sharded: str) -> None:
     # Dropout draws from the ranks' RNG streams: bitwise equality needs them restored too.
     reference = reference_run(tmp_path, "model.dropout=0.1")
     run_dir = tmp_path / "run"
-    code, _ = launch(run_dir, "model.dropout=0.1", "fail.kill_at_step=7")
+    form = f"checkpoint.sharded={sharded}"
+    code, _ = launch(run_dir, "model.dropout=0.1", "fail.kill_at_step=7", form)
     assert code != 0  # rank 0 killed itself with SIGKILL after step 7
     checkpoints = run_dir / "checkpoints"
     assert (checkpoints / "step-4" / "meta.json").exists()
     assert not (checkpoints / "step-8").exists()
-    code, err = launch(run_dir, "model.dropout=0.1")
+    assert (checkpoints / "step-4" / "sharded").is_dir() == (sharded == "true")
+    code, err = launch(run_dir, "model.dropout=0.1", form)
     assert code == 0, err
     starts = (run_dir / "starts-rank-0.txt").read_text().split()
     assert starts == ["1", "5"]  # the first resumed step is checkpoint step + 1
@@ -68,9 +71,11 @@ def test_kill_9_then_resume_is_bitwise_equal(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_resume_on_one_rank_continues_at_the_same_sample(tmp_path: Path) -> None:
-    # The same global batch (2 ranks x 4 = 1 rank x 8) from the reference's step-4 checkpoint.
-    reference = reference_run(tmp_path)
+@pytest.mark.parametrize("sharded", ["false", "true"], ids=["full", "sharded"])
+def test_resume_on_one_rank_continues_at_the_same_sample(tmp_path: Path, sharded: str) -> None:
+    # The same global batch (2 ranks x 4 = 1 rank x 8) from the reference's step-4 checkpoint;
+    # a sharded checkpoint written by 2 ranks is resharded for 1.
+    reference = reference_run(tmp_path, f"checkpoint.sharded={sharded}")
     run_dir = tmp_path / "run"
     code, err = launch(run_dir, f"checkpoint.resume={reference}/checkpoints/step-4",
                        "data.batch_size=8", ranks=1)  # fmt: skip

@@ -118,6 +118,9 @@ class CheckpointConfig:
     """Also keep the checkpoint with the best value of this eval metric (e.g. eval/loss)."""
     best_mode: Literal["min", "max"] = "min"
     """Whether a smaller or a larger best_metric is better."""
+    sharded: bool = False
+    """Model and optimizer as a sharded DCP checkpoint (every rank writes its part; loads on any
+    world size; the form FSDP2 needs). DCP metadata is pickled: trusted input only."""
     on_signal: bool = True
     """SIGUSR2 / SIGTERM (and SLURM's time limit): checkpoint at the next step, requeue under
     SLURM when preempted or out of time, then stop (docs/preemption.md)."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from phalanx.checkpoint import CheckpointStore, capture_rng, restore_rng
+from phalanx.checkpoint.sharded import find_sharded, load_sharded, save_sharded, sharded_dir
 from phalanx.config.coerce import to_plain
 from phalanx.dist.collectives import all_gather_object, barrier, broadcast_object
 from phalanx.errors import UsageError
@@ -64,9 +65,13 @@ def _write_files(trainer: Trainer, store: CheckpointStore, step: int) -> str | N
     try:
         store.partial_dir(step)
         store.write(step, f"rank-{trainer.env.rank}.pt", {"rng": capture_rng()})
+        if trainer.config.checkpoint.sharded:  # collective: every rank writes its shards
+            state = {"model": unwrap(trainer.model), "optimizer": trainer.optimizer}
+            save_sharded(sharded_dir(store, step), state)
         if trainer.env.is_main_process:
-            store.write(step, "model.pt", model_state_dict(trainer.model))
-            store.write(step, "optimizer.pt", trainer.optimizer.state_dict())
+            if not trainer.config.checkpoint.sharded:
+                store.write(step, "model.pt", model_state_dict(trainer.model))
+                store.write(step, "optimizer.pt", trainer.optimizer.state_dict())
             store.write(step, "trainer.pt", _trainer_payload(trainer))
     except (UsageError, OSError) as error:
         return f"rank {trainer.env.rank}: {error}"
@@ -130,8 +135,11 @@ def maybe_resume(trainer: Trainer) -> int | None:
     if found is None:
         return None
     store, step = found
-    unwrap(trainer.model).load_state_dict(store.read(step, "model.pt"))
-    trainer.optimizer.load_state_dict(store.read(step, "optimizer.pt"))
+    if find_sharded(store.step_dir(step)) is not None:  # collective; reshards to this world
+        load_sharded(store.step_dir(step), unwrap(trainer.model), trainer.optimizer)
+    else:
+        unwrap(trainer.model).load_state_dict(store.read(step, "model.pt"))
+        trainer.optimizer.load_state_dict(store.read(step, "optimizer.pt"))
     payload = store.read(step, "trainer.pt")
     if trainer.scheduler is not None and payload["scheduler"] is not None:
         trainer.scheduler.load_state_dict(payload["scheduler"])
