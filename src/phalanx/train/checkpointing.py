@@ -16,6 +16,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torch.distributed.checkpoint.api import CheckpointException
+
 from phalanx.checkpoint import CheckpointStore, capture_rng, restore_rng
 from phalanx.checkpoint.sharded import find_sharded, load_sharded, save_sharded, sharded_dir
 from phalanx.config.coerce import to_plain
@@ -64,17 +66,20 @@ def _write_files(trainer: Trainer, store: CheckpointStore, step: int) -> str | N
     """This rank's files; the error text instead of raising, so that all ranks can agree."""
     try:
         store.partial_dir(step)
-        store.write(step, f"rank-{trainer.env.rank}.pt", {"rng": capture_rng()})
-        if trainer.config.checkpoint.sharded:  # collective: every rank writes its shards
+        if trainer.config.checkpoint.sharded:
+            # Collective, and first: every rank enters it before any local write can fail; DCP
+            # itself shares a failure with all ranks (CheckpointException everywhere).
             state = {"model": unwrap(trainer.model), "optimizer": trainer.optimizer}
             save_sharded(sharded_dir(store, step), state)
+        store.write(step, f"rank-{trainer.env.rank}.pt", {"rng": capture_rng()})
         if trainer.env.is_main_process:
             if not trainer.config.checkpoint.sharded:
                 store.write(step, "model.pt", model_state_dict(trainer.model))
                 store.write(step, "optimizer.pt", trainer.optimizer.state_dict())
             store.write(step, "trainer.pt", _trainer_payload(trainer))
-    except (UsageError, OSError) as error:
-        return f"rank {trainer.env.rank}: {error}"
+    except (UsageError, OSError, CheckpointException) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        return f"rank {trainer.env.rank}: {first}"
     return None
 
 
