@@ -18,23 +18,7 @@ from phalanx.data import (
     make_eval_loader,
     make_train_loader,
 )
-from phalanx.env import ClusterEnv
-
-
-def env(rank: int, world_size: int) -> ClusterEnv:
-    return ClusterEnv(
-        rank=rank,
-        local_rank=rank,
-        world_size=world_size,
-        local_world_size=world_size,
-        node_rank=0,
-        num_nodes=1,
-        master_addr="127.0.0.1",
-        master_port=29500,
-        launcher="torchrun",
-        job_id=None,
-    )
-
+from tests.support.envtables import single_node
 
 Loader = DataLoader[tuple[torch.Tensor, ...]]
 
@@ -53,7 +37,7 @@ def stream(loaders: list[Loader]) -> list[int]:
 def train_loaders(n: int, world_size: int, **kw: Any) -> list[Loader]:
     return [
         make_train_loader(
-            dataset(n), env=env(r, world_size), batch_size=4, seed=1, num_workers=0, **kw
+            dataset(n), env=single_node(r, world_size), batch_size=4, seed=1, num_workers=0, **kw
         )
         for r in range(world_size)
     ]
@@ -91,14 +75,17 @@ def test_iterating_does_not_shift_the_main_random_stream() -> None:
 
 @pytest.mark.timeout(60)
 def test_workers_are_persistent_and_yield_the_same_batches() -> None:
-    loader = make_train_loader(dataset(30), env=env(0, 1), batch_size=4, seed=1, num_workers=2)
+    loader = make_train_loader(
+        dataset(30), env=single_node(0, 1), batch_size=4, seed=1, num_workers=2
+    )
     assert loader.persistent_workers and loader.worker_init_fn is not None
     assert stream([loader]) == global_order(30, seed=1, epoch=0).tolist()
 
 
 def test_eval_loaders_cover_every_sample_once() -> None:
     loaders = [
-        make_eval_loader(dataset(10), env=env(r, 3), batch_size=3, num_workers=0) for r in range(3)
+        make_eval_loader(dataset(10), env=single_node(r, 3), batch_size=3, num_workers=0)
+        for r in range(3)
     ]
     assert isinstance(loaders[0].sampler, EvalSampler)
     seen = Counter(i for loader in loaders for batch in loader for i in batch[0].tolist())
@@ -109,9 +96,9 @@ def test_eval_loaders_cover_every_sample_once() -> None:
 def test_streams_are_refused_with_the_way_to_shard_them() -> None:
     stream_dataset = ShardedIterable(range(10), rank=0, world_size=1)
     with pytest.raises(UsageError, match=r"map-style dataset .* ShardedIterable"):
-        make_train_loader(stream_dataset, env=env(0, 1), batch_size=2, seed=0)  # type: ignore[arg-type]
+        make_train_loader(stream_dataset, env=single_node(0, 1), batch_size=2, seed=0)  # type: ignore[arg-type]
 
 
 def test_negative_worker_count_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="num_workers=-1"):
-        make_eval_loader(dataset(4), env=env(0, 1), batch_size=2, num_workers=-1)
+        make_eval_loader(dataset(4), env=single_node(0, 1), batch_size=2, num_workers=-1)

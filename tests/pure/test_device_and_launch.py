@@ -8,25 +8,9 @@ import pytest
 
 from phalanx import UsageError
 from phalanx.dist.device import select_backend, select_device
-from phalanx.env import ClusterEnv
 from phalanx.env.slurm import derive_port
 from phalanx.launch.local import RunSpec, plan_run, torchrun_argv
-from tests.support.envtables import hydra, openmpi, srun, torchrun
-
-
-def node(local_rank: int, local_world_size: int) -> ClusterEnv:
-    return ClusterEnv(
-        rank=local_rank,
-        local_rank=local_rank,
-        world_size=local_world_size,
-        local_world_size=local_world_size,
-        node_rank=0,
-        num_nodes=1,
-        master_addr="h",
-        master_port=1,
-        launcher="slurm",
-        job_id="1",
-    )
+from tests.support.envtables import hydra, openmpi, single_node, srun, torchrun
 
 
 @pytest.mark.parametrize(
@@ -42,13 +26,13 @@ def node(local_rank: int, local_world_size: int) -> ClusterEnv:
     ],
 )
 def test_select_device(local_rank: int, local_world_size: int, gpus: int, device: str) -> None:
-    assert select_device(node(local_rank, local_world_size), gpus) == device
+    assert select_device(single_node(local_rank, local_world_size), gpus) == device
 
 
 @pytest.mark.parametrize(("local_world_size", "gpus"), [(2, 4), (4, 2), (1, 8), (3, 2)])
 def test_select_device_refuses_shared_or_skipped_gpus(local_world_size: int, gpus: int) -> None:
     with pytest.raises(UsageError) as caught:
-        select_device(node(0, local_world_size), gpus)
+        select_device(single_node(0, local_world_size), gpus)
     message = str(caught.value)
     for word in (
         f"{gpus} GPUs",

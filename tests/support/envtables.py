@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from phalanx.env import FIELDS
+from phalanx.env import FIELDS, ClusterEnv
 from phalanx.env.mpi import Exchange
 
 Env = dict[str, str]
@@ -122,3 +122,10 @@ def srun(
         "SLURM_NODEID": str(nodeid),
         **extra,
     }
+
+
+def single_node(rank: int, world_size: int, launcher: str = "torchrun") -> ClusterEnv:
+    """A one-node ClusterEnv: rank == local rank."""
+    return ClusterEnv(
+        **geometry(rank, rank, world_size, world_size, 0, 1, "127.0.0.1", 29500, launcher, None)
+    )  # type: ignore[arg-type]

@@ -6,8 +6,10 @@ One plain line per logging point (no carriage returns: SLURM output files stay r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -51,6 +53,15 @@ class Throughput:
     def restart(self) -> None:
         self._since = self._start = time.perf_counter()
         self._steps = 0
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent in the block (evaluation, checkpoints) counts for no throughput."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.exclude(time.perf_counter() - started)
 
     def exclude(self, seconds: float) -> None:
         """Time spent outside training (evaluation, checkpoints) counts for no throughput."""

@@ -263,7 +263,8 @@ class Trainer:
                 self.evaluate()
             every = self.config.checkpoint.every_steps
             if every and self.state.step % every == 0:
-                self._timed_out_of_training(save_checkpoint, self)
+                with self.throughput.paused():
+                    save_checkpoint(self)
             for cb in self.callbacks:
                 cb.on_step_end(self)
         else:
@@ -300,30 +301,21 @@ class Trainer:
             collate_fn=self.collate_fn,
             num_workers=None if data.num_workers < 0 else data.num_workers,
         )
-        started = time.perf_counter()
-        values = evaluate(
-            unwrap(self.model),
-            loader,
-            self.eval_step,
-            device=self.handle.device,
-            precision=self.precision,
-            max_batches=2 if self.dry_run else None,
-        )
-        self.throughput.exclude(time.perf_counter() - started)
+        with self.throughput.paused():
+            values = evaluate(
+                unwrap(self.model),
+                loader,
+                self.eval_step,
+                device=self.handle.device,
+                precision=self.precision,
+                max_batches=2 if self.dry_run else None,
+            )
         self.last_eval = dict(values)
         values = {"step": self.state.step, "epoch": self.state.epoch, **values}
         self._record(values)
         for cb in self.callbacks:
             cb.on_eval(self, values)
         return values
-
-    def _timed_out_of_training(self, action: Any, *args: Any) -> Any:
-        """Run `action` with its time excluded from throughput (checkpoints, evaluation)."""
-        started = time.perf_counter()
-        try:
-            return action(*args)
-        finally:
-            self.throughput.exclude(time.perf_counter() - started)
 
     def _log(self) -> None:
         """A logging point: the only place training values reach the host."""
