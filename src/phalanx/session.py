@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import faulthandler
 import logging
 import os
 import shutil
@@ -30,6 +31,10 @@ from phalanx.rundir.resolve import choose_dir, with_dir, write_config
 from phalanx.train.guard import NonFiniteError
 
 log = logging.getLogger("phalanx")
+
+TEARDOWN_TIMEOUT_S = 60.0
+"""How long leaving the group (and, after an error, the interpreter) may take before the
+process dumps every thread's stack to stderr and exits with code 1."""
 
 
 def init(config: Config | DistConfig | None = None, *, env: ClusterEnv | None = None) -> Dist:
@@ -94,8 +99,22 @@ def distributed(config: Config | DistConfig | None = None) -> Iterator[Dist]:
         code = 2 if isinstance(error, UsageError) else 1
         code = error.exit_code if isinstance(error, RunInterrupted) else code
     finally:
-        shutdown()
+        teardown(failed=code != 0)
     if code:
         # Raised outside the except block: the failed frames (models, loaders) are released
         # now, not at interpreter exit after the process group is gone.
         raise SystemExit(code)
+
+
+def teardown(*, failed: bool, timeout_s: float = TEARDOWN_TIMEOUT_S) -> None:
+    """Destroy the group under a watchdog: a teardown that hangs becomes a stack dump and exit 1.
+
+    Seen once in CI (2 loaded cores): both ranks had stopped on an agreed NaN and printed the
+    message, then one never exited, so torchrun waited forever. After an error the watchdog
+    stays armed until the interpreter is gone (a frame released at exit can hang too); after
+    success it is disarmed, since the user's script may go on.
+    """
+    faulthandler.dump_traceback_later(timeout_s, exit=True)
+    shutdown()
+    if not failed:
+        faulthandler.cancel_dump_traceback_later()
