@@ -45,6 +45,10 @@ def reference_run(tmp_path: Path, *overrides: str) -> Path:
     return run_dir
 
 
+def committed_steps(checkpoints: Path) -> list[int]:
+    return sorted(int(p.parent.name[5:]) for p in checkpoints.glob("step-*/meta.json"))
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("sharded", ["false", "true"], ids=["full", "sharded"])
 def test_kill_9_then_resume_is_bitwise_equal(tmp_path: Path, sharded: str) -> None:
@@ -62,12 +66,39 @@ def test_kill_9_then_resume_is_bitwise_equal(tmp_path: Path, sharded: str) -> No
     assert code == 0, err
     starts = (run_dir / "starts-rank-0.txt").read_text().split()
     assert starts == ["1", "5"]  # the first resumed step is checkpoint step + 1
+    assert_same_training(run_dir, reference)
+
+
+def assert_same_training(run_dir: Path, reference: Path) -> None:
     final, expected = load(run_dir / "final.pt"), load(reference / "final.pt")
     assert final.keys() == expected.keys()
     for name in expected:
         assert torch.equal(final[name], expected[name]), name  # bitwise
     for rank in (0, 1):  # no sample repeated or skipped over both parts
         assert steps_to_ids(run_dir, rank) == steps_to_ids(reference, rank)
+
+
+@pytest.mark.timeout(400)
+def test_async_saves_commit_when_written_and_resume_bitwise(tmp_path: Path) -> None:
+    # Saves at 4 and 8 are written in the background while training goes on; a step is
+    # committed once every rank's write is done (at a later step boundary, or at the next
+    # save at the latest). A resume from either must match a synchronous run bitwise: the
+    # copy is taken at the save, not when the write happens.
+    reference = reference_run(tmp_path, "model.dropout=0.1")
+    run_dir = tmp_path / "run"
+    form = ("checkpoint.sharded=true", "checkpoint.async_save=true")
+    code, _ = launch(run_dir, "model.dropout=0.1", "fail.kill_at_step=11", *form)
+    assert code != 0
+    checkpoints = run_dir / "checkpoints"
+    done = committed_steps(checkpoints)
+    assert done in ([4], [4, 8]), done  # step-4 was completed before step 8's save began
+    assert (checkpoints / "step-4" / "sharded" / ".metadata").is_file()
+    code, err = launch(run_dir, "model.dropout=0.1", *form)
+    assert code == 0, err
+    starts = (run_dir / "starts-rank-0.txt").read_text().split()
+    assert starts == ["1", str(done[-1] + 1)]
+    assert_same_training(run_dir, reference)
+    assert committed_steps(checkpoints)[-1] == 12  # the end-of-training save is waited for
 
 
 @pytest.mark.timeout(400)

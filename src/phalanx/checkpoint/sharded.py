@@ -207,6 +207,11 @@ class AsyncSaver:
         """A save was started and not yet waited for."""
         return self._pending is not None
 
+    @property
+    def writing(self) -> bool:
+        """The pending save's write is still running on this rank (never blocks)."""
+        return self._pending is not None and not self._pending.done()
+
     def save(
         self,
         step_dir: Path,
@@ -253,9 +258,15 @@ class AsyncSaver:
     ) -> None:
         if kind is None:
             self.close()
-            return
-        # After a failure peers may be gone: waiting on collectives could hang until the
-        # timeout, so only this rank's own write is awaited and its error logged.
+        else:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """After a failure: wait for this rank's own write only, skip `on_done`, free the copy.
+
+        Peers may be gone, so no collective runs (it could hang until the timeout); a write
+        error is logged, not raised. The saver's group is left to the process group teardown.
+        """
         pending, self._pending, self._on_done = self._pending, None, None
         if pending is not None:
             try:

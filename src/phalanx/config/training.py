@@ -121,9 +121,13 @@ class CheckpointConfig:
     sharded: bool = False
     """Model and optimizer as a sharded DCP checkpoint (every rank writes its part; loads on any
     world size; the form FSDP2 needs). DCP metadata is pickled: trusted input only."""
+    async_save: bool = False
+    """Write sharded checkpoints in the background: training waits only for the copy to CPU
+    memory (which then holds one more copy of the model and optimizer); the step is committed
+    once the write is complete, at the next save or the end. Needs sharded=true."""
     on_signal: bool = True
     """SIGUSR2 / SIGTERM (and SLURM's time limit): checkpoint at the next step, requeue under
-    SLURM when preempted or out of time, then stop (docs/preemption.md)."""
+    SLURM when preempted or out of time, then stop (docs/checkpoints.md, "Preemption")."""
     time_margin_s: float = 120.0
     """Checkpoint and requeue this many seconds before SLURM's time limit."""
     resume: str = "auto"
@@ -136,6 +140,11 @@ class CheckpointConfig:
         _at_least("checkpoint.keep_last", self.keep_last, 1)
         if not self.resume:
             raise UsageError("config checkpoint.resume is empty; use auto, never or a step-N path")
+        if self.async_save and not self.sharded:
+            raise UsageError(
+                "config checkpoint.async_save=true needs checkpoint.sharded=true (background "
+                "writes go through torch.distributed.checkpoint)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,7 @@
 """Preemption as a normal code path: a signal only sets a flag; the Trainer checkpoints at the
 next step boundary on all ranks together, then rank 0 requeues the SLURM job and all exit.
 
-The signal contract (docs/preemption.md):
+The signal contract (docs/checkpoints.md, "Preemption"):
 - SIGUSR2 means "checkpoint and come back": the job script asks SLURM for it ahead of the time
   limit (`#SBATCH --signal=USR2@120`), and `scancel --signal=USR2 JOB` sends it by hand. Not
   SIGUSR1: NCCL 2.12 caught SIGUSR1 for its own debugging and hid it from the program

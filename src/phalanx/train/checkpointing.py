@@ -6,6 +6,11 @@ A checkpoint of step N (checkpoints/step-N, see phalanx.checkpoint.CheckpointSto
 - optimizer.pt, trainer.pt   rank 0: optimizer; step, epoch, data position, scheduler, scaler
 The data position (epoch, global sample index) does not depend on the world size, so a resume on
 another number of ranks continues with the next unseen sample (RNG streams then restart).
+
+With checkpoint.async_save the sharded model and optimizer are copied to CPU memory during the
+save and written by a background thread while training goes on; the step is committed (meta.json
+last) only when the write is complete, at the next save, at the end of training or at a stop.
+A crash before that leaves an uncommitted step that resume ignores and removes.
 """
 
 from __future__ import annotations
@@ -19,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 from torch.distributed.checkpoint.api import CheckpointException
 
 from phalanx.checkpoint import CheckpointStore, capture_rng, restore_rng
-from phalanx.checkpoint.sharded import find_sharded, load_sharded, save_sharded, sharded_dir
+from phalanx.checkpoint.sharded import (
+    AsyncSaver,
+    find_sharded,
+    load_sharded,
+    save_sharded,
+    sharded_dir,
+)
 from phalanx.config.coerce import to_plain
 from phalanx.dist.collectives import all_gather_object, barrier, broadcast_object
 from phalanx.errors import UsageError
@@ -70,7 +81,12 @@ def _write_files(trainer: Trainer, store: CheckpointStore, step: int) -> str | N
             # Collective, and first: every rank enters it before any local write can fail; DCP
             # itself shares a failure with all ranks (CheckpointException everywhere).
             state = {"model": unwrap(trainer.model), "optimizer": trainer.optimizer}
-            save_sharded(sharded_dir(store, step), state)
+            if trainer.config.checkpoint.async_save:
+                if trainer.async_saver is None:
+                    trainer.async_saver = AsyncSaver()  # collective: a gloo group of its own
+                trainer.async_saver.save(sharded_dir(store, step), state)
+            else:
+                save_sharded(sharded_dir(store, step), state)
         store.write(step, f"rank-{trainer.env.rank}.pt", {"rng": capture_rng()})
         if trainer.env.is_main_process:
             if not trainer.config.checkpoint.sharded:
@@ -78,32 +94,76 @@ def _write_files(trainer: Trainer, store: CheckpointStore, step: int) -> str | N
                 store.write(step, "optimizer.pt", trainer.optimizer.state_dict())
             store.write(step, "trainer.pt", _trainer_payload(trainer))
     except (UsageError, OSError, CheckpointException) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-        return f"rank {trainer.env.rank}: {first}"
+        return _rank_error(trainer, error)
     return None
 
 
-def save_checkpoint(trainer: Trainer) -> Path | None:
+def _rank_error(trainer: Trainer, error: BaseException) -> str:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+    return f"rank {trainer.env.rank}: {first}"
+
+
+def save_checkpoint(trainer: Trainer, *, wait: bool = False) -> Path | None:
     """All ranks write, then rank 0 commits (meta.json last); everyone waits for it.
 
     A failure on any rank (a full disk, say) stops every rank with the same one-line error;
-    the previous checkpoints stay intact.
+    the previous checkpoints stay intact. An async save returns once the state is copied
+    (None: nothing committed yet) unless `wait`; the previous async save is completed first.
     """
     store = trainer.store
     if store is None:
         return None
+    finish_pending_save(trainer)
     step = trainer.state.step
+    # The metrics of the step being saved: an async commit happens steps later.
+    meta = {"metrics": dict(trainer.last_eval), "config_sha256": config_fingerprint(trainer)}
     errors = [e for e in all_gather_object(_write_files(trainer, store, step)) if e]
+    if errors:
+        raise UsageError(f"checkpoint of step {step} failed ({errors[0]})")
+    trainer.pending_save = (step, meta)
+    if trainer.async_saver is not None and trainer.async_saver.pending and not wait:
+        return None
+    return finish_pending_save(trainer)
+
+
+def finish_pending_save(trainer: Trainer) -> Path | None:
+    """Complete the save in flight on every rank, then commit it; None when there is none.
+
+    Every rank calls it at the same point of the loop. A background write that failed on any
+    rank stops all ranks with one message; its step stays uncommitted (resume skips it).
+    """
+    if trainer.pending_save is None or trainer.store is None:
+        return None
+    (step, meta), trainer.pending_save = trainer.pending_save, None
+    error = None
+    if trainer.async_saver is not None:
+        try:
+            trainer.async_saver.wait()
+        except (OSError, RuntimeError, CheckpointException) as failed:
+            error = _rank_error(trainer, failed)
+    errors = [e for e in all_gather_object(error) if e]
     if errors:
         raise UsageError(f"checkpoint of step {step} failed ({errors[0]})")
     path = None
     if trainer.env.is_main_process:
-        meta = {"metrics": trainer.last_eval, "config_sha256": config_fingerprint(trainer)}
-        path = store.commit(step, world_size=trainer.env.world_size, meta=meta)
+        path = trainer.store.commit(step, world_size=trainer.env.world_size, meta=meta)
         log.info("checkpoint step %d written to %s", step, path)
     barrier()  # nobody goes on (or exits) before the checkpoint is complete
     trainer.last_checkpoint_step = step
     return path
+
+
+def close_saver(trainer: Trainer, *, failed: bool) -> None:
+    """At the end of fit(): release the async saver. After a failure peers may be gone, so
+    only this rank's own write is awaited (no collective) and its step stays uncommitted."""
+    saver, trainer.async_saver = trainer.async_saver, None
+    if saver is None:
+        return
+    if failed:
+        saver.abandon()
+        return
+    assert trainer.pending_save is None, "fit() completes every save before it returns"
+    saver.close()
 
 
 def _source(trainer: Trainer) -> tuple[CheckpointStore, int] | None:
@@ -182,7 +242,8 @@ def stop_after_interrupt(trainer: Trainer) -> None:
     """
     watcher = trainer.watcher
     if trainer.last_checkpoint_step != trainer.state.step:
-        save_checkpoint(trainer)
+        save_checkpoint(trainer, wait=True)  # complete before the requeue
+    finish_pending_save(trainer)
     mine = (watcher.reason(), watcher.wants_requeue(), watcher.exit_code()) if watcher else (
         None, False, 128 + 15)  # fmt: skip
     seen = [m for m in all_gather_object(mine) if m[0] is not None] or [mine]

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset
 
+from phalanx.checkpoint.sharded import AsyncSaver
 from phalanx.config.training import TrainerConfig
 from phalanx.data.loader import make_eval_loader, make_iterable_loader, make_train_loader
 from phalanx.data.sampler import GlobalOrderSampler
@@ -26,6 +27,8 @@ from phalanx.errors import UsageError
 from phalanx.lifecycle.preemption import PreemptionWatcher
 from phalanx.train.callbacks import Callback
 from phalanx.train.checkpointing import (
+    close_saver,
+    finish_pending_save,
     make_store,
     maybe_resume,
     save_checkpoint,
@@ -135,13 +138,10 @@ class Trainer:
         self.stop_requested = False
         self.last_eval: dict[str, Any] = {}
         self.last_checkpoint_step = -1
+        self.async_saver: AsyncSaver | None = None  # checkpoint.async_save: one write in flight
+        self.pending_save: tuple[int, dict[str, Any]] | None = None  # written, not committed
         self.store = make_store(self)
-        ck = self.config.checkpoint
-        self.watcher = (
-            PreemptionWatcher(os.environ, time_margin_s=ck.time_margin_s,
-                              read_time_limit=self.env.is_main_process)
-            if ck.on_signal else None
-        )  # fmt: skip
+        self.watcher: PreemptionWatcher | None = None  # signal handlers live only in fit()
         self._total_steps = 0
         self.throughput = Throughput(
             world_size=self.env.world_size,
@@ -192,6 +192,25 @@ class Trainer:
 
     def fit(self) -> list[dict[str, Any]]:
         """Train until epochs or max_steps are done (or a stop); returns the logged history."""
+        ck = self.config.checkpoint
+        if ck.on_signal:
+            self.watcher = PreemptionWatcher(
+                os.environ, time_margin_s=ck.time_margin_s, read_time_limit=self.env.is_main_process
+            )
+        failed = True
+        try:
+            history = self._fit()
+            failed = False
+            return history
+        finally:
+            close_saver(self, failed=failed)
+            if self.watcher is not None and not self.stop_requested:
+                # Past training a SIGTERM must kill again (torchrun stops the peers of a
+                # failed rank with it). A preempted run keeps the flag-only handler until it
+                # exits: its checkpoint is written, a second signal must not cut the requeue.
+                self.watcher.close()
+
+    def _fit(self) -> list[dict[str, Any]]:
         maybe_resume(self)
         for cb in self.callbacks:
             cb.on_train_start(self)
@@ -214,7 +233,8 @@ class Trainer:
         if self.stop_requested:
             stop_after_interrupt(self)  # raises RunInterrupted after checkpoint and requeue
         if self.config.checkpoint.at_end and self.last_checkpoint_step != self.state.step:
-            save_checkpoint(self)
+            save_checkpoint(self, wait=True)
+        finish_pending_save(self)  # the process may exit after fit(): nothing left in flight
         for cb in self.callbacks:
             cb.on_train_end(self)
         return self.history
@@ -241,9 +261,14 @@ class Trainer:
         while not (self.max_steps and self.state.step >= self.max_steps):
             batches = self._micro_batches(it)
             signalled = self.watcher is not None and self.watcher.requested
+            writing = self.async_saver is not None and self.async_saver.writing
             agreed = self.control.agree(
-                has_data=len(batches) == train.grad_accum, stop=self.stop_requested or signalled
+                has_data=len(batches) == train.grad_accum,
+                stop=self.stop_requested or signalled,
+                writing=writing,
             )
+            if self.pending_save is not None and agreed.all_writes_done:
+                finish_pending_save(self)  # every rank's write is done: commit without waiting
             if agreed.any_stop:
                 self.stop_requested = True
                 return False
