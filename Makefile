@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 # CPU wheel on CI machines; GPU machines bring their own torch (>= 2.11, see pyproject.toml).
 TORCH ?= torch==2.13.0
 # Real launchers and schedulers for the test suite (Debian package names).
-APT_PKGS := slurm-wlm munge openmpi-bin libopenmpi-dev iproute2 util-linux procps dataset-fashion-mnist
+APT_PKGS := slurm-wlm munge openmpi-bin libopenmpi-dev iproute2 util-linux procps dataset-fashion-mnist \
+  environment-modules charliecloud-runtime git
 
 .PHONY: demo demo-data test lint setup system-deps
 

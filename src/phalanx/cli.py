@@ -12,6 +12,8 @@ from typing import NoReturn
 
 from phalanx.env import FIELDS, LAUNCHERS, detect
 from phalanx.errors import UsageError
+from phalanx.submit.cli import HANDLERS as JOB_HANDLERS
+from phalanx.submit.cli import add_parsers as add_job_parsers
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,6 +101,7 @@ def build_parser() -> _Parser:
     _add_run(sub)
     _add_info(sub)
     _add_export(sub)
+    add_job_parsers(sub)
     return parser
 
 
@@ -141,7 +144,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `phalanx` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
-    handlers = {"run": _cmd_run, "info": _cmd_info, "export": _cmd_export}
+    handlers = {"run": _cmd_run, "info": _cmd_info, "export": _cmd_export, **JOB_HANDLERS}
     try:
         return handlers[args.command](args)
     except UsageError as error:

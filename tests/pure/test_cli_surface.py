@@ -13,6 +13,16 @@ EXPECTED = {
     },
     "info": {"-h", "--help", "--json", "--launcher", "--no-slurm"},
     "export": {"-h", "--help"},
+    "submit": {
+        "-h", "--help", "-N", "--nodes", "-G", "--gpus-per-node", "-n", "--ranks-per-node",
+        "-c", "--cpus-per-task", "-t", "--time", "-p", "--partition", "-A", "--account",
+        "-J", "--job-name", "--mode", "--set", "--config", "--profile", "--profiles", "--dry-run",
+    },
+    "env": {"-h", "--help", "--profile", "--profiles", "--set", "--requirements", "--project",
+            "--path", "--name", "-o", "--output"},
+    "status": {"-h", "--help"},
+    "logs": {"-h", "--help", "-f", "--follow"},
+    "cancel": {"-h", "--help"},
 }  # fmt: skip
 
 

@@ -115,6 +115,11 @@ MPI_TABLES = {
         exchange(["a", "b", "a", "b"], 41000),
         geometry(1, 0, 4, 2, 1, 2, "a", 41000, "mpi", "3245932545"),
     ),
+    "openmpi-two-nodes-one-host-name": (  # two slurmd (or containers) on one machine
+        openmpi(2, 4, 0, 2),
+        exchange(["vm"] * 4, 41000, nodes=["vm/7.0", "vm/7.0", "vm/7.1", "vm/7.1"]),
+        geometry(2, 0, 4, 2, 1, 2, "vm", 41000, "mpi", "3245932545"),
+    ),
     "openmpi-mpi4py-master-env-wins": (
         openmpi(0, 2, 0, 1, MASTER_ADDR="10.1.1.1", MASTER_PORT="3000"),
         exchange(["a", "b"], 41000),

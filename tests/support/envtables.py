@@ -18,8 +18,8 @@ def no_mpi4py() -> None:
     return None
 
 
-def exchange(hosts: list[str], port: int) -> Exchange:
-    return lambda: (hosts, port)
+def exchange(hosts: list[str], port: int, nodes: list[str] | None = None) -> Exchange:
+    return lambda: (hosts, port, nodes)
 
 
 def geometry(

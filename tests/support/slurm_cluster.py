@@ -367,6 +367,19 @@ class SlurmCluster:
             f"job {job_id} not finished after {timeout}s: {self.job(job_id)}\n{self.logs()}"
         )
 
+    def wait_state(self, job_id: str, wanted: str, timeout: float) -> None:
+        """Poll until the job is in state `wanted`; fail (and cancel it) on a final state."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.job(job_id).get("JobState", "")
+            if state == wanted:
+                return
+            if state in TERMINAL_STATES:
+                break
+            time.sleep(0.1)
+        self.cancel(job_id)
+        raise AssertionError(f"job {job_id} never reached {wanted}: {self.job(job_id)}")
+
     def hostnames(self, hostlist: str) -> list[str]:
         """SLURM's own expansion of a compressed host list."""
         return self.command(["scontrol", "show", "hostnames", hostlist]).stdout.split()

@@ -1,12 +1,15 @@
 """MPI launchers (OpenMPI's mpirun, MPICH/Hydra, Intel MPI): the Horovod launch model.
 
 MPI exports ranks but no rendezvous address. With mpi4py installed, every rank shares its host
-name through MPI (exact node layout, rank 0's host and a free port of it); without it,
-MASTER_ADDR must be exported to all ranks and nodes are assumed to be filled block-wise.
+name and its node through MPI (exact node layout, rank 0's host and a free port of it); without
+it, MASTER_ADDR must be exported to all ranks and nodes are assumed to be filled block-wise.
+Under OpenMPI a node is what its runtime calls one (the daemon a rank belongs to), not a host
+name alone: two containers or two slurmd instances on one machine may share a name.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable, Mapping
 
@@ -14,8 +17,9 @@ from phalanx.env.cluster_env import ClusterEnv, read_int, read_port
 from phalanx.env.slurm import derive_port
 from phalanx.errors import UsageError
 
-Exchange = Callable[[], "tuple[list[str], int] | None"]
-"""Returns (host name of every rank, in rank order; a free port on rank 0), or None without MPI."""
+Exchange = Callable[[], "tuple[list[str], int, list[str] | None] | None"]
+"""Returns (host name of every rank, in rank order; a free port on rank 0; a node key of every
+rank, or None to group by host name), or None without MPI."""
 
 _OPENMPI = (
     "OMPI_COMM_WORLD_RANK",
@@ -32,8 +36,8 @@ def is_mpi(environ: Mapping[str, str]) -> bool:
     return any(all(name in environ for name in names) for names in (_OPENMPI, _HYDRA))
 
 
-def mpi4py_exchange() -> tuple[list[str], int] | None:
-    """All-gather host names and broadcast a free port of rank 0; None if mpi4py is missing.
+def mpi4py_exchange() -> tuple[list[str], int, list[str] | None] | None:
+    """All-gather host names and nodes, broadcast a free port of rank 0; None without mpi4py.
 
     Collective: every rank of the MPI job must call it (detect() does, on every rank).
     """
@@ -42,13 +46,17 @@ def mpi4py_exchange() -> tuple[list[str], int] | None:
     except ImportError:
         return None
     comm = MPI.COMM_WORLD
-    hosts = comm.allgather(socket.gethostname())
+    host = socket.gethostname()
+    # OpenMPI 4 runs one daemon per node; "<job>.<daemon vpid>" names the node it started.
+    daemon = os.environ.get("OMPI_MCA_orte_local_daemon_uri", "").split(";")[0]  # noqa: SIM112
+    pairs = comm.allgather((host, f"{host}/{daemon}"))
+    hosts, keys = [h for h, _ in pairs], [k for _, k in pairs]
     port = 0
     if comm.Get_rank() == 0:
         with socket.socket() as probe:
             probe.bind(("", 0))
             port = probe.getsockname()[1]
-    return hosts, comm.bcast(port, root=0)
+    return hosts, comm.bcast(port, root=0), keys
 
 
 def _counts(environ: Mapping[str, str]) -> tuple[int, int, int, int]:
@@ -61,15 +69,16 @@ def from_mpi(environ: Mapping[str, str], exchange: Exchange = mpi4py_exchange) -
     rank, world_size, local_rank, local_world_size = _counts(environ)
     shared = exchange()
     if shared is not None:
-        hosts, port = shared
+        hosts, port, node_keys = shared
         if len(hosts) != world_size:
             raise UsageError(
                 f"the launcher reports {world_size} MPI ranks but mpi4py sees {len(hosts)}; "
                 "mpi4py is built against another MPI than mpirun: reinstall it with that MPI "
                 "(pip install --no-binary mpi4py mpi4py) or uninstall it and export MASTER_ADDR"
             )
-        nodes = list(dict.fromkeys(hosts))
-        node_rank, num_nodes = nodes.index(hosts[rank]), len(nodes)
+        keys = hosts if node_keys is None else node_keys
+        nodes = list(dict.fromkeys(keys))
+        node_rank, num_nodes = nodes.index(keys[rank]), len(nodes)
         master_addr = environ.get("MASTER_ADDR") or hosts[0]
     else:
         master_addr = environ.get("MASTER_ADDR", "")

@@ -10,8 +10,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from phalanx.config.args import RESOLVE_FLAG, wants_config
 from phalanx.env import refuse_nested_launch
@@ -138,11 +139,20 @@ def resolve_config(spec: RunSpec) -> RunSpec:
     config, create the run directory with config.yaml and exit. Workers then get that file.
     A bad config stops here with the script's one-line error, before torchrun starts.
     """
-    if not wants_config(spec.script_args):
+    run_dir = resolve_run_dir(spec.script, spec.script_args, module=spec.module)
+    if run_dir is None:
         return spec
-    target = ["-m", spec.script] if spec.module else [spec.script]
+    return replace(spec, script_args=("--config", str(run_dir / "config.yaml")))
+
+
+def resolve_run_dir(script: str, args: Sequence[str], *, module: bool = False) -> Path | None:
+    """Run `script args --phalanx-resolve` once; the run directory it created (None when the
+    arguments do not use phalanx's config syntax). Exits with the script's code on failure."""
+    if not wants_config(args):
+        return None
+    target = ["-m", script] if module else [script]
     done = subprocess.run(
-        [sys.executable, *target, *spec.script_args, RESOLVE_FLAG],
+        [sys.executable, *target, *args, RESOLVE_FLAG],
         stdout=subprocess.PIPE,
         text=True,
         check=False,
@@ -152,11 +162,10 @@ def resolve_config(spec: RunSpec) -> RunSpec:
     lines = [line for line in done.stdout.splitlines() if line.startswith(RUN_DIR_LINE)]
     if not lines:
         raise UsageError(
-            f"{spec.script} got --config/overrides but did not resolve them; call "
+            f"{script} got --config/overrides but did not resolve them; call "
             "phalanx.parse_config(YourConfig) at the start of the script"
         )
-    config_file = os.path.join(lines[-1][len(RUN_DIR_LINE) :], "config.yaml")
-    return replace(spec, script_args=("--config", config_file))
+    return Path(lines[-1][len(RUN_DIR_LINE) :])
 
 
 def exec_torchrun(spec: RunSpec) -> None:
