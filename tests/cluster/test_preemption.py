@@ -116,15 +116,25 @@ def test_plain_scancel_checkpoints_and_ends_without_requeue(
     assert 20 <= step < 400
 
 
+IGNORE_USR2 = 'bash -c \'trap "" USR2; exec "$@"\' task'
+TIME_LIMIT_LAUNCH = {
+    "srun": f"srun -n 2 --kill-on-bad-exit=1 {IGNORE_USR2} python",
+    "torchrun": f"srun -n 1 --kill-on-bad-exit=1 {IGNORE_USR2} phalanx run -n 2",
+}
+
+
 @pytest.mark.timeout(220)
-def test_time_limit_signal_checkpoints_and_requeues(slurm: SlurmCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["srun", "torchrun"])
+def test_time_limit_signal_checkpoints_and_requeues(
+    slurm: SlurmCluster, tmp_path: Path, mode: str
+) -> None:
     """`--signal=USR2@50` on a 1-minute job: SLURM signals ahead of the limit, at a moment it
     chooses (here often within seconds of the start). The tasks start with USR2 ignored, as
     job scripts should: a signal during `import torch` would otherwise kill them before phalanx's
     handler exists. If it comes that early it is lost, and phalanx's own time-limit check
     (EndTime from scontrol, 10% margin) checkpoints and requeues instead."""
     run_dir = tmp_path / "run"
-    launch = 'srun -n 2 --kill-on-bad-exit=1 bash -c \'trap "" USR2; exec python "$@"\' python'
+    launch = TIME_LIMIT_LAUNCH[mode]
     script = "\n".join((
         "#!/bin/bash",
         f"#SBATCH --output={tmp_path}/job.out",
@@ -139,7 +149,7 @@ def test_time_limit_signal_checkpoints_and_requeues(slurm: SlurmCluster, tmp_pat
         f"{launch} {WORKER} run.dir={run_dir} {' '.join(TRAIN)} train.max_steps=100000",
         "",
     ))  # fmt: skip
-    job = slurm.sbatch(script, "-N1", "--ntasks-per-node=2")
+    job = slurm.sbatch(script, "-N1", f"--ntasks-per-node={2 if mode == 'srun' else 1}")
     try:
         deadline = time.monotonic() + 170
         while slurm.job(job).get("Restarts", "0") == "0":
@@ -161,12 +171,17 @@ def test_time_limit_signal_checkpoints_and_requeues(slurm: SlurmCluster, tmp_pat
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "launch",
+    ["srun -n 2 --kill-on-bad-exit=1 python", "srun -n 1 phalanx run -n 2"],
+    ids=["srun", "torchrun"],
+)
 def test_partition_preemption_requeues_and_resumes_bitwise(
-    slurm: SlurmCluster, tmp_path: Path
+    slurm: SlurmCluster, tmp_path: Path, launch: str
 ) -> None:
     ref = reference(tmp_path)
     run_dir = tmp_path / "run"
-    job = submit(slurm, tmp_path, "srun -n 2 --kill-on-bad-exit=1 python", run_dir)
+    job = submit(slurm, tmp_path, launch, run_dir)
     wait_for(run_dir / "marker-0.txt", job, slurm)
     node = slurm.job(job)["NodeList"]
     high = slurm.sbatch("#!/bin/bash\ntrue\n", "-p", "high", "--exclusive", "-w", node,

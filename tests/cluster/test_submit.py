@@ -232,3 +232,16 @@ def test_bad_input_is_one_line_and_exit_2(
     assert len(lines) == 1 and message.lower() in lines[0].lower(), lines
     assert lines[0].startswith("phalanx submit: error: ")
     assert not (project / "runs").exists()  # a refused submission leaves nothing behind
+
+
+@pytest.mark.timeout(120)
+def test_dry_run_is_checked_by_sbatch_test_only_and_leaves_nothing(
+    slurm: SlurmCluster, project: Path
+) -> None:
+    result = run([PHALANX, "submit", "--dry-run", "-N", "2", "-n", "2", "submit_worker.py",
+                  f"probe.out={project}"], timeout=60, cwd=project, env=job_env(slurm))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("#!/bin/bash\n")
+    assert "sbatch --test-only: " in result.stderr and "to start at" in result.stderr
+    assert not (project / "runs").exists()
+    assert "submit_worker" not in run(["squeue", "--noheader"], timeout=30, env=slurm.env).stdout
