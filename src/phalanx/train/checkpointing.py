@@ -150,6 +150,7 @@ def finish_pending_save(trainer: Trainer) -> Path | None:
         log.info("checkpoint step %d written to %s", step, path)
     barrier()  # nobody goes on (or exits) before the checkpoint is complete
     trainer.last_checkpoint_step = step
+    trainer.tracking.durable(step)  # records up to here can no longer be re-run
     return path
 
 

@@ -4,7 +4,6 @@ public blocks (strategy, precision, step, guard, metrics, control plane, data lo
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
@@ -24,7 +23,8 @@ from phalanx.data.seeding import seed_everything
 from phalanx.dist.control import ControlPlane
 from phalanx.dist.process_group import Dist
 from phalanx.errors import UsageError
-from phalanx.lifecycle.preemption import PreemptionWatcher
+from phalanx.lifecycle.preemption import PreemptionWatcher, RunInterrupted
+from phalanx.track import Tracking
 from phalanx.train.callbacks import Callback
 from phalanx.train.checkpointing import (
     close_saver,
@@ -35,13 +35,14 @@ from phalanx.train.checkpointing import (
     stop_after_interrupt,
 )
 from phalanx.train.evaluate import EvalFn, evaluate
-from phalanx.train.guard import NanGuard
+from phalanx.train.guard import NanGuard, NonFiniteError
 from phalanx.train.metrics import Metrics
 from phalanx.train.optim import build_optimizer, build_scheduler
 from phalanx.train.precision import Precision
 from phalanx.train.progress import Throughput, peak_flops, progress_line
 from phalanx.train.step import StepFn, StepParts, optimizer_step, to_device
 from phalanx.train.strategy import unwrap, wrap_model
+from phalanx.train.tracking import end_tracking, start_tracking
 
 log = logging.getLogger("phalanx.train")
 
@@ -142,6 +143,7 @@ class Trainer:
         self.pending_save: tuple[int, dict[str, Any]] | None = None  # written, not committed
         self.store = make_store(self)
         self.watcher: PreemptionWatcher | None = None  # signal handlers live only in fit()
+        self.tracking = Tracking([])  # opened by fit(), once the resume step is known
         self._total_steps = 0
         self.throughput = Throughput(
             world_size=self.env.world_size,
@@ -202,8 +204,12 @@ class Trainer:
             history = self._fit()
             failed = False
             return history
+        except (NonFiniteError, UsageError, RunInterrupted):
+            failed = False  # an orderly stop: what was logged stands (docs/tracking.md)
+            raise
         finally:
             close_saver(self, failed=failed)
+            end_tracking(self, failed=failed)
             if self.watcher is not None and not self.stop_requested:
                 # Past training a SIGTERM must kill again (torchrun stops the peers of a
                 # failed rank with it). A preempted run keeps the flag-only handler until it
@@ -212,6 +218,7 @@ class Trainer:
 
     def _fit(self) -> list[dict[str, Any]]:
         maybe_resume(self)
+        start_tracking(self)
         for cb in self.callbacks:
             cb.on_train_start(self)
         self.throughput.restart()
@@ -352,9 +359,12 @@ class Trainer:
         if self.precision.scaler is not None:
             values["scaler_skips"] = int(self.precision.scaler_skips.item())
         values["lr"] = self.optimizer.param_groups[0]["lr"]
+        if self.handle.device.type == "cuda":  # this rank's peak since the start
+            values["gpu_mem_gb"] = torch.cuda.max_memory_allocated(self.handle.device) / 2**30
         values = {"step": self.state.step, "epoch": self.state.epoch, **values}
         self._record(values)
-        if self.env.is_main_process and self.config.train.progress:
+        console = "console" in self.config.track.trackers
+        if self.env.is_main_process and self.config.train.progress and console:
             log.info(
                 progress_line(
                     self.state.step,
@@ -370,10 +380,7 @@ class Trainer:
     def _record(self, values: dict[str, Any]) -> None:
         values = {"time": time.time(), **values}
         self.history.append(values)
-        run_dir = self.handle.run_dir
-        if run_dir is not None and self.env.is_main_process:
-            with open(run_dir.path / "metrics.jsonl", "a") as handle:
-                handle.write(json.dumps(values) + "\n")
+        self.tracking.log(values)
 
     def state_dict(self) -> dict[str, Any]:
         """Training position (host values) for checkpoints."""
