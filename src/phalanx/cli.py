@@ -14,6 +14,8 @@ from phalanx.env import FIELDS, LAUNCHERS, detect
 from phalanx.errors import UsageError
 from phalanx.submit.cli import HANDLERS as JOB_HANDLERS
 from phalanx.submit.cli import add_parsers as add_job_parsers
+from phalanx.sweep.cli import add_parser as add_sweep_parser
+from phalanx.sweep.cli import cmd_sweep
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,6 +91,17 @@ def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
     export.add_argument("out", metavar="OUT.pt", help="file to write (replaced atomically)")
 
 
+def _add_plot(sub: argparse._SubParsersAction[_Parser]) -> None:
+    plot = sub.add_parser(
+        "plot",
+        help="draw the curves of one or more runs (overlaid) as PNG files",
+        description="Read each run directory's metrics.jsonl and write one PNG per metric "
+        "group (loss, eval metrics, throughput), every run's curve on it.",
+    )
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories")
+    plot.add_argument("-o", "--out", default="plots", metavar="DIR", help="where to write")
+
+
 def build_parser() -> _Parser:
     parser = _Parser(
         prog="phalanx",
@@ -101,6 +114,8 @@ def build_parser() -> _Parser:
     _add_run(sub)
     _add_info(sub)
     _add_export(sub)
+    _add_plot(sub)
+    add_sweep_parser(sub)
     add_job_parsers(sub)
     return parser
 
@@ -141,10 +156,22 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from phalanx.track.plots import plot_runs
+
+    for path in plot_runs([Path(d) for d in args.run_dirs], Path(args.out)):
+        print(f"wrote {path}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `phalanx` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
-    handlers = {"run": _cmd_run, "info": _cmd_info, "export": _cmd_export, **JOB_HANDLERS}
+    handlers = {
+        "run": _cmd_run, "info": _cmd_info, "export": _cmd_export, "plot": _cmd_plot,
+        "sweep": cmd_sweep,
+        **JOB_HANDLERS,
+    }  # fmt: skip
     try:
         return handlers[args.command](args)
     except UsageError as error:

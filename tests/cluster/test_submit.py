@@ -245,3 +245,20 @@ def test_dry_run_is_checked_by_sbatch_test_only_and_leaves_nothing(
     assert "sbatch --test-only: " in result.stderr and "to start at" in result.stderr
     assert not (project / "runs").exists()
     assert "submit_worker" not in run(["squeue", "--noheader"], timeout=30, env=slurm.env).stdout
+
+
+@pytest.mark.timeout(240)
+def test_grid_sweep_as_a_job_array(slurm: SlurmCluster, tmp_path: Path) -> None:
+    from tests.support.sweeps import check_summary, write_spec
+
+    spec = write_spec(tmp_path)
+    result = run([PHALANX, "sweep", str(spec), "--slurm", "--wait", "--root",
+                  str(tmp_path / "runs"), "--set", "job.time=3"], timeout=220, cwd=tmp_path,
+                 env=job_env(slurm))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep_dir = Path(re.search(r"sweep directory: (\S+)", result.stdout).group(1))  # type: ignore[union-attr]
+    array = re.search(r"submitted job array (\d+) \(tasks 0-3\)", result.stdout)
+    assert array, result.stdout
+    assert "#SBATCH --array=0-3" in (sweep_dir / "job.sbatch").read_text()
+    assert len(list(sweep_dir.glob("slurm-*_*.out"))) == 4  # one log per array task
+    check_summary(sweep_dir, result.stdout)

@@ -13,6 +13,9 @@ EXPECTED = {
     },
     "info": {"-h", "--help", "--json", "--launcher", "--no-slurm"},
     "export": {"-h", "--help"},
+    "plot": {"-h", "--help", "-o", "--out"},
+    "sweep": {"-h", "--help", "--summary", "--root", "--slurm", "--wait", "--profile",
+              "--profiles", "--set"},
     "submit": {
         "-h", "--help", "-N", "--nodes", "-G", "--gpus-per-node", "-n", "--ranks-per-node",
         "-c", "--cpus-per-task", "-t", "--time", "-p", "--partition", "-A", "--account",

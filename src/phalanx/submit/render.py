@@ -26,6 +26,9 @@ MASTER_ADDR=$(scontrol show node "$first_node" | grep -o 'NodeAddr=[^ ]*' | cut 
 export MASTER_ADDR="${MASTER_ADDR:-$first_node}\""""
 
 
+TRIAL_CONFIG = '"$trial_dir/config.yaml"'
+"""A sweep task's config, expanded by the job script from SLURM_ARRAY_TASK_ID."""
+
 # A batch script is a non-login shell: `module` exists only if the submitting shell exported it.
 MODULE_INIT = """\
 if ! type module >/dev/null 2>&1; then
@@ -47,6 +50,9 @@ class Job:
     script: str
     """The training script, relative to workdir (or absolute)."""
     args: tuple[str, ...]
+    trials: int = 0
+    """A sweep: a job array of this many independent runs; task K runs the config that
+    `phalanx sweep` resolved into <run dir>/trial-K/config.yaml."""
 
 
 def sbatch_value(key: str, value: str) -> str:
@@ -84,7 +90,7 @@ def sbatch_options(job: Job) -> list[str]:
         ("nodes", str(cfg.nodes)),
         ("ntasks-per-node", str(tasks)),
         ("time", cfg.time),
-        ("output", str(job.run_dir / "slurm-%j.out")),
+        ("output", str(job.run_dir / ("slurm-%A_%a.out" if job.trials else "slurm-%j.out"))),
         ("open-mode", "append"),  # a requeued job appends to the same log
     ]
     if cfg.cpus_per_task:
@@ -103,6 +109,7 @@ def sbatch_options(job: Job) -> list[str]:
     flags = [f"--{key}={sbatch_value(f'job.{key}', value)}" for key, value in options]
     flags += ["--exclusive"] if cfg.exclusive else []
     flags += ["--requeue" if cfg.requeue else "--no-requeue"]
+    flags += [f"--array=0-{job.trials - 1}"] if job.trials else []
     return flags + [sbatch_value("job.extra", item) for item in cfg.extra]
 
 
@@ -155,6 +162,11 @@ def launch(job: Job) -> list[str]:
     cfg, mode = job.config, job.config.launch.mode
     python = [cfg.launch.python]
     program = [job.script, *job.args]
+    lines = []
+    if job.trials:
+        where = shlex.quote(str(job.run_dir))
+        lines.append(f'trial_dir={where}/trial-"$SLURM_ARRAY_TASK_ID"')
+        program += ["--config", TRIAL_CONFIG]
     if mode == "srun":
         command = [*_srun(cfg.job.tasks_per_node, cfg.job.cpus_per_task), *IGNORE_USR2]
         command += [*_container(job), *python, *program]
@@ -165,7 +177,6 @@ def launch(job: Job) -> list[str]:
         command += [*python, "-m", "phalanx", "run", "-n", per_node, *program]
     else:
         command = [*_mpirun(job), *IGNORE_USR2, *_container(job), *python, *program]
-    lines = []
     if mode == "mpirun":  # its ranks have no SLURM step of their own to derive a port from
         lines.append("export MASTER_PORT=$((15000 + SLURM_JOB_ID % 15000))")
     if cfg.env.kind == "container" and cfg.env.runtime == "charliecloud":
@@ -174,9 +185,9 @@ def launch(job: Job) -> list[str]:
 
 
 def _quote(part: str) -> str:
-    # $SLURM_* references the script itself adds stay expandable; user values never reach here
-    # unquoted (they are never of this form: quoting them would be the same bytes anyway).
-    return part if part.startswith('"$') else shlex.quote(part)
+    # The one expansion the script itself adds (a sweep task's config) stays expandable; it is
+    # a constant of this module, never a user value.
+    return part if part == TRIAL_CONFIG else shlex.quote(part)
 
 
 def _srun(tasks_per_node: int, cpus_per_task: int) -> list[str]:

@@ -54,12 +54,14 @@ def groups(keys: Sequence[str]) -> dict[str, list[str]]:
 def plot_runs(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
     """One PNG per metric group, every run's curve on it; returns the files written."""
     plt = _pyplot()
+    names = [d.name for d in run_dirs]
+    labels = names if len(set(names)) == len(names) else [str(d) for d in run_dirs]
     runs = {}
-    for run_dir in run_dirs:
+    for label, run_dir in zip(labels, run_dirs, strict=True):
         records = read_records(run_dir / "metrics.jsonl")
         if not records:
             raise UsageError(f"{run_dir} has no metrics.jsonl records to plot (a run directory?)")
-        runs[run_dir.name] = series(records)
+        runs[label] = series(records)
     keys = sorted({k for data in runs.values() for k in data})
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
