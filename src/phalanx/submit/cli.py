@@ -22,6 +22,16 @@ SHORTHANDS = (
 )
 
 
+def add_settings_options(parser: argparse.ArgumentParser) -> None:
+    """--profile, --profiles, --set: the submit settings, shared by submit, env and sweep."""
+    parser.add_argument("--profile", default=None, help="a named preset of the profiles file")
+    parser.add_argument("--profiles", default=None, metavar="FILE",
+                        help="profiles file (default $PHALANX_PROFILES or "
+                        "~/.config/phalanx/profiles.yaml)")  # fmt: skip
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="any submit setting, e.g. env.modules=cuda/12.4,nccl")  # fmt: skip
+
+
 def add_parsers(sub: Any) -> None:
     submit = sub.add_parser(
         "submit",
@@ -32,13 +42,8 @@ def add_parsers(sub: Any) -> None:
     )
     for flags, key, text in SHORTHANDS:
         submit.add_argument(*flags, dest=key, default=None, help=f"{text} ({key})")
-    submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="any submit setting, e.g. env.modules=cuda/12.4,nccl")  # fmt: skip
+    add_settings_options(submit)
     submit.add_argument("--config", default=None, metavar="FILE", help="submit settings (YAML)")
-    submit.add_argument("--profile", default=None, help="a named preset of the profiles file")
-    submit.add_argument("--profiles", default=None, metavar="FILE",
-                        help="profiles file (default $PHALANX_PROFILES or "
-                        "~/.config/phalanx/profiles.yaml)")  # fmt: skip
     submit.add_argument("--dry-run", action="store_true",
                         help="print the script (checked with sbatch --test-only); "
                         "submit nothing")  # fmt: skip
@@ -54,10 +59,7 @@ def add_parsers(sub: Any) -> None:
         "phalanx are pinned to the versions running here.",
     )
     env.add_argument("kind", choices=("venv", "conda", "apptainer"), help="what to write")
-    env.add_argument("--profile", default=None, help="a named preset of the profiles file")
-    env.add_argument("--profiles", default=None, metavar="FILE", help="profiles file")
-    env.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="any submit setting, e.g. env.modules=python/3.11")  # fmt: skip
+    add_settings_options(env)
     env.add_argument("--requirements", default=None, metavar="FILE", help="pip requirements")
     env.add_argument("--project", default=None, metavar="DIR",
                      help="a Python project (pyproject.toml) to install too")  # fmt: skip

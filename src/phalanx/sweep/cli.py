@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from phalanx.submit.cli import add_settings_options
+
 
 def add_parser(sub: Any) -> None:
     sweep = sub.add_parser(
@@ -23,10 +25,7 @@ def add_parser(sub: Any) -> None:
     sweep.add_argument("--root", default="runs", metavar="DIR", help="where the sweep dir goes")
     sweep.add_argument("--slurm", action="store_true", help="submit one job array")
     sweep.add_argument("--wait", action="store_true", help="--slurm: wait, then summarise")
-    sweep.add_argument("--profile", default=None, help="--slurm: a profile of the profiles file")
-    sweep.add_argument("--profiles", default=None, metavar="FILE", help="profiles file")
-    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="--slurm: a submit setting, e.g. job.partition=gpu")  # fmt: skip
+    add_settings_options(sweep)  # with --slurm
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
