@@ -49,15 +49,17 @@ def prepare(spec: SweepSpec, root: Path) -> tuple[Path, list[dict[str, Any]]]:
 
 
 def run_local(spec: SweepSpec, sweep_dir: Path, trials: list[dict[str, Any]]) -> list[int]:
-    """Each trial in turn through `phalanx run -n ranks`; returns the exit codes."""
+    """Each trial in turn (`phalanx run -n ranks`, or the script itself for one rank);
+    returns the exit codes."""
     codes = []
     for k in range(len(trials)):
         config = sweep_dir / f"trial-{k}" / "config.yaml"
         print(f"trial {k}/{len(trials)}: {' '.join(overrides(trials[k]))}", flush=True)
+        # One rank needs no torchrun agent: the script alone is a one-rank local run.
+        launcher = ["-m", "phalanx", "run", "-n", str(spec.ranks)] if spec.ranks > 1 else []
         done = subprocess.run(
-            [sys.executable, "-m", "phalanx", "run", "-n", str(spec.ranks), str(spec.script),
-             "--config", str(config)], check=False,
-        )  # fmt: skip
+            [sys.executable, *launcher, str(spec.script), "--config", str(config)], check=False
+        )
         codes.append(done.returncode)
     return codes
 
