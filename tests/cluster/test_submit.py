@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -262,3 +263,28 @@ def test_grid_sweep_as_a_job_array(slurm: SlurmCluster, tmp_path: Path) -> None:
     assert "#SBATCH --array=0-3" in (sweep_dir / "job.sbatch").read_text()
     assert len(list(sweep_dir.glob("slurm-*_*.out"))) == 4  # one log per array task
     check_summary(sweep_dir, result.stdout)
+
+
+@pytest.mark.timeout(300)
+def test_env_venv_job_builds_the_venv_a_submitted_job_then_runs_in(
+    slurm: SlurmCluster, project: Path, tmp_path: Path
+) -> None:
+    venv = tmp_path / "built venv"  # a blank in the path: quoted in both scripts
+    build = tmp_path / "build.sbatch"
+    made = run([PHALANX, "env", "venv", "--path", str(venv), "-o", str(build)], timeout=60,
+               env=job_env(slurm))  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    submitted = run(["sbatch", "--parsable", f"--output={tmp_path}/build.out", str(build)],
+                    timeout=60, env=slurm.env, cwd=tmp_path)  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    log = tmp_path / "build.out"
+    assert finish(slurm, job_id, timeout=240) == "COMPLETED", log.read_text()
+    assert version("torch").split("+")[0] in log.read_text()  # the import check at its end
+    out = project / "out"
+    args = ["--set", "env.kind=venv", "--set", f"env.venv={venv}"]
+    job_id, _ = submit(slurm, project, "-n", "2", *args, "submit_worker.py", f"probe.out={out}",
+                       env=without_venv(job_env(slurm)))  # fmt: skip
+    assert finish(slurm, job_id) == "COMPLETED"
+    ranks = records(out)
+    assert len(ranks) == 2 and all(Path(str(r["python"])).parent == venv / "bin" for r in ranks)

@@ -123,17 +123,23 @@ def test_env_artefacts_pin_what_runs_here_and_the_venv_job_parses(tmp_path: Path
     assert venv.returncode == 0, venv.stderr
     assert "module load py/3.11" in venv.stdout and "#SBATCH --partition=cpu" in venv.stdout
     assert f"python3 -m venv '{tmp_path / 'v env'}'" in venv.stdout  # quoted: a blank in it
-    assert f"{torch_pin} phalanx==" in venv.stdout and f"-r {requirements}" in venv.stdout
+    checkout = str(Path(__file__).parents[2])  # the venv installed phalanx from this checkout
+    assert f"{torch_pin} {checkout} -r {requirements}" in venv.stdout
     script = tmp_path / "build.sbatch"
     script.write_text(venv.stdout)
     assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
     conda = run([*cli, "conda", "--name", "exp", *common], timeout=60, env=base_env())
-    assert "name: exp" in conda.stdout and f"      - {torch_pin}" in conda.stdout
+    assert (
+        "name: exp" in conda.stdout and f"      - {torch_pin}\n      - {checkout}" in conda.stdout
+    )
     assert f"      - -r {requirements}" in conda.stdout and "$WORK/envs/exp" in conda.stdout
     definition = run([*cli, "apptainer", *common], timeout=60, env=base_env())
     assert "Bootstrap: docker" in definition.stdout
     assert f"    {tmp_path} /opt/phalanx/project" in definition.stdout
-    assert "-r /opt/phalanx/requirements.txt /opt/phalanx/project" in definition.stdout
+    assert f"    {checkout} /opt/phalanx/phalanx" in definition.stdout  # copied in, then installed
+    assert "/opt/phalanx/phalanx -r /opt/phalanx/requirements.txt /opt/phalanx/project" in (
+        definition.stdout
+    )
     missing = run([*cli, "conda", "--requirements", str(tmp_path / "nope.txt")], timeout=60,
                   env=base_env())  # fmt: skip
     assert missing.returncode == 2 and "does not exist" in missing.stderr

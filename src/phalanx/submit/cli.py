@@ -115,7 +115,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} {value!r} does not exist")
     recipe = Recipe(
         torch=f"torch=={version('torch').split('+')[0]}",
-        phalanx=f"phalanx=={version('phalanx')}",
+        phalanx=_phalanx_requirement(version("phalanx")),
         python=".".join(map(str, sys.version_info[:2])),
         requirements=Path(args.requirements).resolve() if args.requirements else None,
         project=Path(args.project).resolve() if args.project else None,
@@ -134,6 +134,20 @@ def _cmd_env(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _phalanx_requirement(installed: str) -> str:
+    """phalanx as installed here: its checkout when installed from a local folder (pip -e),
+    else the released version."""
+    import json
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        origin = json.loads(distribution("phalanx").read_text("direct_url.json") or "{}")
+    except (PackageNotFoundError, json.JSONDecodeError):
+        origin = {}
+    url = str(origin.get("url", ""))
+    return url.removeprefix("file://") if url.startswith("file://") else f"phalanx=={installed}"
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

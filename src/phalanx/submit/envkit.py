@@ -12,6 +12,7 @@ directory is a Python project (pyproject.toml / setup.py).
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,8 @@ def venv_job(config: SubmitConfig, recipe: Recipe, target: Path) -> str:
     """An sbatch script that builds `target` on one compute node of the profile's partition."""
     cfg, env = config.job, config.env
     lines = ["#!/bin/bash", "# Written by `phalanx env venv`: builds the venv on a compute node."]
-    lines += [f"#SBATCH --job-name=build-venv-{sbatch_value('venv', target.name)}",
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", target.name)  # a directive holds no blanks
+    lines += [f"#SBATCH --job-name=build-venv-{name}",
               "#SBATCH --nodes=1", "#SBATCH --ntasks=1", "#SBATCH --time=1:00:00"]  # fmt: skip
     for key in ("partition", "account", "qos", "constraint"):
         value = getattr(cfg, key)
@@ -87,6 +89,10 @@ def conda_file(recipe: Recipe, name: str) -> str:
 def apptainer_def(recipe: Recipe) -> str:
     """An Apptainer definition: a Python base image plus the same pip installs."""
     files = []
+    phalanx = recipe.phalanx
+    if phalanx.startswith("/"):  # a local checkout: copied into the image first
+        files.append(f"    {phalanx} /opt/phalanx/phalanx")
+        phalanx = "/opt/phalanx/phalanx"
     if recipe.requirements is not None:
         files.append(f"    {recipe.requirements} /opt/phalanx/requirements.txt")
     if recipe.project is not None:
@@ -94,7 +100,7 @@ def apptainer_def(recipe: Recipe) -> str:
     pip = pip_args(
         Recipe(
             torch=recipe.torch,
-            phalanx=recipe.phalanx,
+            phalanx=phalanx,
             requirements=Path("/opt/phalanx/requirements.txt") if recipe.requirements else None,
             project=Path("/opt/phalanx/project") if recipe.project else None,
         )
