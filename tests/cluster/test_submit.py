@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -200,9 +201,16 @@ def test_status_logs_and_cancel(slurm: SlurmCluster, project: Path) -> None:
     assert re.search(rf"{job_id}\s+submit_worker\s+RUNNING", status.stdout), status
     by_dir = run([PHALANX, "status", str(run_dir)], timeout=30, env=env)
     assert job_id in by_dir.stdout
-    cancelled = run([PHALANX, "cancel", str(run_dir)], timeout=30, env=env)
-    assert cancelled.returncode == 0, cancelled.stderr
-    assert finish(slurm, job_id, timeout=60) == "CANCELLED"
+    follower = subprocess.Popen([PHALANX, "logs", "-f", job_id], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        cancelled = run([PHALANX, "cancel", str(run_dir)], timeout=30, env=env)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert finish(slurm, job_id, timeout=60) == "CANCELLED"
+        followed, _ = follower.communicate(timeout=60)  # -f ends with the job
+    finally:
+        follower.kill()
+    assert follower.returncode == 0 and "CANCELLED" in followed, followed
     logs = run([PHALANX, "logs", job_id], timeout=30, env=env)
     assert logs.returncode == 0 and "CANCELLED" in logs.stdout + logs.stderr
     after = run([PHALANX, "status", job_id], timeout=30, env=env)
