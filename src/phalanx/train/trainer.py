@@ -199,17 +199,18 @@ class Trainer:
             self.watcher = PreemptionWatcher(
                 os.environ, time_margin_s=ck.time_margin_s, read_time_limit=self.env.is_main_process
             )
-        failed = True
+        outcome = "crash"
         try:
             history = self._fit()
-            failed = False
+            outcome = "done"
             return history
         except (NonFiniteError, UsageError, RunInterrupted):
-            failed = False  # an orderly stop: what was logged stands (docs/tracking.md)
+            outcome = "stop"  # orderly: what was logged stands (docs/tracking.md)
             raise
         finally:
-            close_saver(self, failed=failed)
-            end_tracking(self, failed=failed)
+            # A stop may leave an async write uncommitted (no collective is safe here).
+            close_saver(self, failed=outcome != "done")
+            end_tracking(self, failed=outcome == "crash")
             if self.watcher is not None and not self.stop_requested:
                 # Past training a SIGTERM must kill again (torchrun stops the peers of a
                 # failed rank with it). A preempted run keeps the flag-only handler until it
