@@ -63,6 +63,11 @@ from phalanx.errors import UsageError
 
 log = logging.getLogger("phalanx.checkpoint")
 
+STAGER_CLOSED_BY_SAVE = tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13)
+"""Before torch 2.13 `async_save` may close a caller's stager; staging with a closed one fails
+with `KeyError: <class 'type'>` (seen on torch 2.11 + H100; close() empties the stager's copy
+dispatch table since pytorch#170431). 2.13 documents that a given stager stays the caller's.
+So older torch gets a fresh stager per save (its pinned buffer is not reused)."""
 SHARDED_DIR = "sharded"
 """Sub-directory of a step directory that holds the DCP files."""
 DCP_METADATA = ".metadata"
@@ -191,14 +196,7 @@ class AsyncSaver:
         # One stager for all saves: its CPU copy of the state is allocated (and, with CUDA,
         # pinned) once and refilled by each save, instead of allocated anew while training
         # waits. The previous write has always finished before the next copy (see save()).
-        self._stager = DefaultStager(
-            StagingOptions(
-                use_pinned_memory=torch.cuda.is_available(),
-                use_shared_memory=False,
-                use_async_staging=False,
-                use_non_blocking_copy=False,
-            )
-        )
+        self._stager = _new_stager()
         self._pending: SaveHandle | None = None
         self._on_done: Callable[[], None] | None = None
 
@@ -221,6 +219,9 @@ class AsyncSaver:
     ) -> SaveHandle:
         """Wait for the previous save (and its `on_done`), then start this one."""
         self.wait()
+        if STAGER_CLOSED_BY_SAVE:
+            self._stager.close()
+            self._stager = _new_stager()
         self._pending = _start_async(
             step_dir, _prepare(step_dir, state), self._group, stager=self._stager
         )
@@ -274,6 +275,17 @@ class AsyncSaver:
             except BaseException as failed:
                 log.warning("async checkpoint write failed while unwinding: %s", failed)
         self._stager.close()
+
+
+def _new_stager() -> DefaultStager:
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=torch.cuda.is_available(),
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=False,
+        )
+    )
 
 
 def _prepare(step_dir: Path, state: Mapping[str, Any]) -> dict[str, Any]:
