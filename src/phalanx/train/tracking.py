@@ -44,16 +44,22 @@ def start_tracking(trainer: Trainer) -> None:
         raise UsageError(f"a tracker could not start ({errors[0]}); check track.* settings")
 
 
-def end_tracking(trainer: Trainer, *, failed: bool) -> None:
-    """After a crash the records since the last checkpoint stay unsent: a resume re-runs
-    those steps. Otherwise everything is sent, trackers close, rank 0 draws its plots."""
+def end_tracking(trainer: Trainer, *, outcome: str) -> None:
+    """`outcome`: done, stop (orderly: preemption, NaN stop, bad input) or crash.
+
+    After a crash the records since the last checkpoint stay unsent: a resume re-runs those
+    steps. Otherwise everything is sent and trackers close; plots only when training is done —
+    a preempted job has seconds left (GraceTime) and its resumed run draws them at the end.
+    """
     tracking = trainer.tracking
-    if failed:
+    if outcome == "crash":
         tracking.abandon()
         return
     tracking.finish()
     run_dir = trainer.handle.run_dir
     wants = trainer.config.track.plots and "jsonl" in trainer.config.track.trackers
-    if wants and run_dir is not None and trainer.env.is_main_process and not trainer.dry_run:
+    if outcome != "done" or not wants or run_dir is None or trainer.dry_run:
+        return
+    if trainer.env.is_main_process:
         for path in end_of_run_plots(run_dir.path):
             log.info("plot written to %s", path)

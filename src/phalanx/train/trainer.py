@@ -210,7 +210,7 @@ class Trainer:
         finally:
             # A stop may leave an async write uncommitted (no collective is safe here).
             close_saver(self, failed=outcome != "done")
-            end_tracking(self, failed=outcome == "crash")
+            end_tracking(self, outcome=outcome)
             if self.watcher is not None and not self.stop_requested:
                 # Past training a SIGTERM must kill again (torchrun stops the peers of a
                 # failed rank with it). A preempted run keeps the flag-only handler until it
