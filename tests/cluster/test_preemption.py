@@ -25,6 +25,14 @@ TRAIN = (
 pytestmark = pytest.mark.cluster
 
 
+EACH_LAUNCH_MODE = pytest.mark.parametrize(
+    "launch",
+    ["srun -n 2 --kill-on-bad-exit=1 python", "srun -n 1 phalanx run -n 2"],
+    ids=["srun", "torchrun"],
+)
+"""One task per rank, or one `phalanx run` (torchrun) per node."""
+
+
 def wait_for(path: Path, job_id: str, slurm: SlurmCluster, timeout: float = 60) -> None:
     """Poll for a marker the job writes (with a deadline), failing early if the job ended."""
     deadline = time.monotonic() + timeout
@@ -73,11 +81,7 @@ def assert_same_final(run_dir: Path, ref: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    "launch",
-    ["srun -n 2 --kill-on-bad-exit=1 python", "srun -n 1 phalanx run -n 2"],
-    ids=["srun", "torchrun"],
-)
+@EACH_LAUNCH_MODE
 def test_usr2_checkpoints_requeues_and_resumes_bitwise(
     slurm: SlurmCluster, tmp_path: Path, launch: str
 ) -> None:
@@ -168,11 +172,7 @@ def test_time_limit_signal_checkpoints_and_requeues(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    "launch",
-    ["srun -n 2 --kill-on-bad-exit=1 python", "srun -n 1 phalanx run -n 2"],
-    ids=["srun", "torchrun"],
-)
+@EACH_LAUNCH_MODE
 def test_partition_preemption_requeues_and_resumes_bitwise(
     slurm: SlurmCluster, tmp_path: Path, launch: str
 ) -> None:

@@ -59,7 +59,7 @@ from torch.optim import Optimizer
 
 from phalanx.checkpoint import files
 from phalanx.checkpoint.store import CheckpointStore
-from phalanx.errors import UsageError
+from phalanx.errors import UsageError, first_line
 
 log = logging.getLogger("phalanx.checkpoint")
 
@@ -166,10 +166,10 @@ def load_sharded(step_dir: Path, model: nn.Module, optimizer: Optimizer | None =
     try:
         dcp_load(target, checkpoint_id=path)
     except (CheckpointException, RuntimeError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        what = " and optimizer" if optimizer is not None else ""
         raise UsageError(
-            f"cannot load sharded checkpoint '{path}' into this model"
-            f"{' and optimizer' if optimizer is not None else ''} ({first}); check that it was "
+            f"cannot load sharded checkpoint '{path}' into this model{what} "
+            f"({first_line(error)}); check that it was "
             "saved from the same architecture (and with an optimizer if you pass one)"
         ) from error
     if optimizer is None:

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import torch
 
 from phalanx.checkpoint import files
-from phalanx.errors import UsageError
+from phalanx.errors import UsageError, first_line
 
 log = logging.getLogger("phalanx.checkpoint")
 
@@ -169,9 +169,9 @@ class CheckpointStore:
         try:
             loaded = torch.load(path, weights_only=True, map_location="cpu")
         except pickle.UnpicklingError as error:
-            first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise UsageError(
-                f"'{path}' holds objects torch.load(weights_only=True) refuses ({first_line}); "
+                f"'{path}' holds objects torch.load(weights_only=True) refuses "
+                f"({first_line(error)}); "
                 "store tensors, dicts, lists, numbers, strings or None only"
             ) from error
         if not isinstance(loaded, dict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -56,6 +57,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _submit_config(args: argparse.Namespace, ranks: int) -> Any:
+    """Submit settings as for `phalanx submit`; a trial's ranks per node default to the sweep's."""
     from phalanx.submit.profiles import resolve_submit_config
 
     config = resolve_submit_config(config_file=None, profile=args.profile,
@@ -63,10 +65,7 @@ def _submit_config(args: argparse.Namespace, ranks: int) -> Any:
                                    environ=os.environ)  # fmt: skip
     if config.job.gpus_per_node or config.job.ranks_per_node:
         return config
-    return resolve_submit_config(config_file=None, profile=args.profile,
-                                 profiles_file=args.profiles,
-                                 overrides=[f"job.ranks_per_node={ranks}", *args.set],
-                                 environ=os.environ)  # fmt: skip
+    return dataclasses.replace(config, job=dataclasses.replace(config.job, ranks_per_node=ranks))
 
 
 def _wait(job_id: str) -> None:

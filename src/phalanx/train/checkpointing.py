@@ -33,7 +33,7 @@ from phalanx.checkpoint.sharded import (
 )
 from phalanx.config.coerce import to_plain
 from phalanx.dist.collectives import all_gather_object, barrier, broadcast_object
-from phalanx.errors import UsageError
+from phalanx.errors import UsageError, first_line
 from phalanx.lifecycle.preemption import RunInterrupted
 from phalanx.train.strategy import model_state_dict, unwrap
 
@@ -99,8 +99,7 @@ def _write_files(trainer: Trainer, store: CheckpointStore, step: int) -> str | N
 
 
 def _rank_error(trainer: Trainer, error: BaseException) -> str:
-    first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-    return f"rank {trainer.env.rank}: {first}"
+    return f"rank {trainer.env.rank}: {first_line(error)}"
 
 
 def save_checkpoint(trainer: Trainer, *, wait: bool = False) -> Path | None:

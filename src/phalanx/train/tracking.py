@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from phalanx.config.coerce import to_plain
 from phalanx.dist.collectives import all_gather_object
-from phalanx.errors import UsageError
+from phalanx.errors import UsageError, first_line
 from phalanx.track import open_tracking, read_records
 from phalanx.track.plots import end_of_run_plots
 
@@ -37,8 +37,7 @@ def start_tracking(trainer: Trainer) -> None:
             history=lambda: read_records(history) if history is not None else [],
         )
     except Exception as failed:  # third-party trackers raise anything; all ranks must know
-        first = (str(failed).strip().splitlines() or [type(failed).__name__])[0]
-        error = f"rank {trainer.env.rank}: {type(failed).__name__}: {first}"
+        error = f"rank {trainer.env.rank}: {type(failed).__name__}: {first_line(failed)}"
     errors = [e for e in all_gather_object(error) if e]
     if errors:
         raise UsageError(f"a tracker could not start ({errors[0]}); check track.* settings")
