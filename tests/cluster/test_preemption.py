@@ -59,6 +59,14 @@ def submit(slurm: SlurmCluster, tmp_path: Path, launch: str, run_dir: Path) -> s
     return slurm.sbatch(script, "-N1", "--ntasks-per-node=2" if "srun -n" in launch else "-n1")
 
 
+def training_past_step_20(slurm: SlurmCluster, tmp_path: Path, launch: str) -> tuple[Path, str]:
+    """Submit the training job and wait until it wrote its step-20 marker: (run dir, job id)."""
+    run_dir = tmp_path / "run"
+    job = submit(slurm, tmp_path, launch, run_dir)
+    wait_for(run_dir / "marker-0.txt", job, slurm)
+    return run_dir, job
+
+
 def reference(tmp_path: Path) -> Path:
     """The same 2-rank training, never interrupted (phalanx run on this machine)."""
     run_dir = tmp_path / "reference"
@@ -86,9 +94,7 @@ def test_usr2_checkpoints_requeues_and_resumes_bitwise(
     slurm: SlurmCluster, tmp_path: Path, launch: str
 ) -> None:
     ref = reference(tmp_path)
-    run_dir = tmp_path / "run"
-    job = submit(slurm, tmp_path, launch, run_dir)
-    wait_for(run_dir / "marker-0.txt", job, slurm)
+    run_dir, job = training_past_step_20(slurm, tmp_path, launch)
     slurm.command(["scancel", "--signal=USR2", job])
     state = slurm.wait(job, 200)
     info = slurm.job(job)
@@ -107,9 +113,7 @@ def test_usr2_checkpoints_requeues_and_resumes_bitwise(
 def test_plain_scancel_checkpoints_and_ends_without_requeue(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    run_dir = tmp_path / "run"
-    job = submit(slurm, tmp_path, "srun -n 2 --kill-on-bad-exit=1 python", run_dir)
-    wait_for(run_dir / "marker-0.txt", job, slurm)
+    run_dir, job = training_past_step_20(slurm, tmp_path, "srun -n 2 --kill-on-bad-exit=1 python")
     slurm.command(["scancel", job])
     state = slurm.wait(job, 60)
     info = slurm.job(job)
@@ -177,9 +181,7 @@ def test_partition_preemption_requeues_and_resumes_bitwise(
     slurm: SlurmCluster, tmp_path: Path, launch: str
 ) -> None:
     ref = reference(tmp_path)
-    run_dir = tmp_path / "run"
-    job = submit(slurm, tmp_path, launch, run_dir)
-    wait_for(run_dir / "marker-0.txt", job, slurm)
+    run_dir, job = training_past_step_20(slurm, tmp_path, launch)
     node = slurm.job(job)["NodeList"]
     high = slurm.sbatch("#!/bin/bash\ntrue\n", "-p", "high", "--exclusive", "-w", node,
                         f"--output={tmp_path}/high.out")  # fmt: skip
