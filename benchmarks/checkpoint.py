@@ -29,6 +29,7 @@ import math
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -70,10 +71,10 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 def make_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, width: int, device: str
+    model: nn.Module, optimizer: torch.optim.Optimizer, width: int, batch_size: int, device: str
 ) -> Callable[[], float]:
     """One training step; returns its wall time (synchronised on CUDA)."""
-    batch = torch.randn(32, width, device=device)
+    batch = torch.randn(batch_size, width, device=device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     def step() -> float:
@@ -148,7 +149,11 @@ def summarise(samples: list[dict[str, float]]) -> dict[str, dict[str, float]]:
 
 
 def report(table: dict[str, dict[str, float]], meta: dict[str, Any]) -> None:
-    print(f"\nstate {meta['state_mb']:.0f} MB on {meta['device']}, {meta['reps']} repetitions")
+    print(
+        f"\nstate {meta['state_mb']:.0f} MB on {meta['device']}, batch {meta['batch']}, "
+        f"{meta['writer']} writer, "
+        f"{meta['reps']} repetitions"
+    )
     print(f"{'metric':<20}{'median':>10}{'min..max':>22}{'stdev':>10}")
     for key, row in table.items():
         print(
@@ -169,6 +174,16 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (CPU mode; see the docstring)"
     )
+    parser.add_argument(
+        "--batch", type=int, default=32,
+        help="rows per step: 32 keeps a GPU step launch-bound (the CPU busy, the worst case for "
+        "a background writer thread), thousands make it compute-bound like most training",
+    )  # fmt: skip
+    parser.add_argument(
+        "--switch-interval", type=float, default=None,
+        help="sys.setswitchinterval(S) for the run (diagnosis of GIL hand-offs; Python's 0.005)",
+    )  # fmt: skip
+    parser.add_argument("--writer", choices=["thread", "process"], default="thread")
     parser.add_argument("--baseline-steps", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=500, help="steps per async write")
     parser.add_argument("--dir", type=Path, default=None, help="where checkpoints are written")
@@ -178,19 +193,27 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     init_group(DistConfig(launcher="local", setup_logging=False))
     model, optimizer = build(args.size_mb, args.width, args.device)
-    step = make_step(model, optimizer, args.width, args.device)
+    step = make_step(model, optimizer, args.width, args.batch, args.device)
     step()  # materialises the AdamW moments: the state has its full size from here on
     state = {"model": model, "optimizer": optimizer}
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="phalanx-ckpt-bench-", dir=args.dir))
     samples = []
+    first: dict[str, float] = {}
     try:
-        with AsyncSaver() as saver:
+        with AsyncSaver(writer=args.writer) as saver:
+            # The first save allocates (and pins) the saver's CPU copy and, for the process
+            # writer, starts the process: reported, but kept out of the repetitions.
+            first |= async_save(saver, state, scratch / "first", step, step(), args.max_steps)
+            print(json.dumps({"first_save": first}), flush=True)
+            shutil.rmtree(scratch / "first")
             for rep in range(max(args.reps, 5)):
                 samples.append(one_rep(rep, state, saver, step, scratch, args))
                 print(json.dumps(samples[-1]), flush=True)
@@ -206,12 +229,17 @@ def main() -> None:
         "torch": torch.__version__,
         "device": args.device,
         "threads": torch.get_num_threads(),
+        "batch": args.batch,
+        "writer": args.writer,
+        "width": args.width,
+        "switch_interval_s": sys.getswitchinterval(),
         "state_mb": size / MIB,
         "checkpoint_dir": str(scratch.parent),
         "reps": len(samples),
         "goal": f"async blocked + slowdown <= {GOAL:.0%} of a sync save",
         "goal_applies": applies,
         "goal_met": table["ratio"]["median"] <= GOAL,
+        "first_save": first,
     }
     report(table, meta)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -79,14 +79,16 @@ def assert_same_training(run_dir: Path, reference: Path) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_async_saves_commit_when_written_and_resume_bitwise(tmp_path: Path) -> None:
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_async_saves_commit_when_written_and_resume_bitwise(tmp_path: Path, writer: str) -> None:
     # Saves at 4 and 8 are written in the background while training goes on; a step is
     # committed once every rank's write is done (at a later step boundary, or at the next
     # save at the latest). A resume from either must match a synchronous run bitwise: the
     # copy is taken at the save, not when the write happens.
     reference = reference_run(tmp_path, "model.dropout=0.1")
     run_dir = tmp_path / "run"
-    form = ("checkpoint.sharded=true", "checkpoint.async_save=true")
+    form = ("checkpoint.sharded=true", "checkpoint.async_save=true",
+            f"checkpoint.async_writer={writer}")  # fmt: skip
     code, _ = launch(run_dir, "model.dropout=0.1", "fail.kill_at_step=11", *form)
     assert code != 0
     checkpoints = run_dir / "checkpoints"
@@ -146,6 +148,46 @@ def test_preemption_signal_checkpoints_stops_and_resumes_exactly(tmp_path: Path)
     final, expected = load(run_dir / "final.pt"), load(reference / "final.pt")
     for name in expected:
         assert torch.equal(final[name], expected[name]), name
+
+
+ASYNC_PROCESS = ("checkpoint.sharded=true", "checkpoint.async_save=true",
+                 "checkpoint.async_writer=process")  # fmt: skip
+
+
+@pytest.mark.timeout(400)
+def test_writer_process_survives_the_signals_that_stop_the_run(tmp_path: Path) -> None:
+    # SLURM signals every process of a job step: the checkpoint writer processes get the
+    # preemption SIGTERM and SIGUSR2 too (at step 6, while step 4's write may still run).
+    # They must live to write the stop checkpoint, and be gone when the run ends.
+    reference = reference_run(tmp_path, "model.dropout=0.1")
+    run_dir = tmp_path / "run"
+    code, err = launch(run_dir, "model.dropout=0.1", "fail.signal_all_at_step=6", *ASYNC_PROCESS)
+    assert code != 0
+    assert "stopped at step 6 by signal SIGUSR2: checkpoint step-6, not requeued" in err, err
+    assert committed_steps(run_dir / "checkpoints") == [4, 6]
+    code, err = launch(run_dir, "model.dropout=0.1", *ASYNC_PROCESS)
+    assert code == 0, err
+    assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "7"]
+    assert_same_training(run_dir, reference)
+
+
+@pytest.mark.timeout(200)
+def test_script_that_trains_at_import_gets_one_line_with_the_fix(tmp_path: Path) -> None:
+    # The writer process imports the main script again; without an `if __name__` guard that
+    # would train a second time in there. It must stop with the fix instead, and no hang.
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {str(Path(WORKER).parent)!r})\n"
+        "from ckpt_worker import main\nmain()\n"
+    )
+    result = run(
+        [str(VENV_BIN / "phalanx"), "run", "-n", "2", str(script), f"run.dir={tmp_path / 'run'}",
+         *COMMON, *ASYNC_PROCESS],
+        timeout=150,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert 'put the training under `if __name__ == "__main__":`' in result.stderr
+    assert "checkpoint of step 4 failed" in result.stderr, result.stderr[-3000:]
 
 
 @pytest.mark.timeout(400)

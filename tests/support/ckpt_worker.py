@@ -10,6 +10,7 @@ starts-rank-K.txt (the first step of each start), final.pt (rank 0, the final mo
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 from dataclasses import dataclass, field
@@ -32,6 +33,9 @@ class Fail:
     """SIGKILL rank 0 right after this optimizer step (0: never)."""
     signal_at_step: int = 0
     """Send SIGUSR2 to rank 1 (the preemption signal) after this optimizer step (0: never)."""
+    signal_all_at_step: int = 0
+    """Like SLURM at preemption: every rank sends SIGTERM and SIGUSR2 to each of its child
+    processes (checkpoint writer, data loader workers), then rank 1 SIGUSR2 to itself."""
     mark_at_step: int = 0
     """Rank 0 writes marker-<SLURM_RESTART_COUNT>.txt after this step (tests wait for it)."""
 
@@ -82,6 +86,14 @@ class Recorder(phalanx.Callback):
             (self.run_dir / f"marker-{restart}.txt").write_text(str(trainer.state.step))
         if self.rank == 1 and trainer.state.step == self.fail.signal_at_step:
             os.kill(os.getpid(), signal.SIGUSR2)  # one rank only: all must still stop together
+        if trainer.state.step == self.fail.signal_all_at_step:
+            children = multiprocessing.active_children()
+            assert children, "no child process to signal"
+            for child in children:
+                for signum in (signal.SIGTERM, signal.SIGUSR2):
+                    os.kill(child.pid, signum)  # type: ignore[arg-type]
+            if self.rank == 1:
+                os.kill(os.getpid(), signal.SIGUSR2)
 
 
 def main() -> None:

@@ -34,9 +34,11 @@ sharded checkpoints only from directories you trust.
 
 from __future__ import annotations
 
+import atexit
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from contextlib import nullcontext
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -45,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -53,26 +55,29 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
 
 from phalanx.checkpoint import files
+from phalanx.checkpoint.staging import CachedStager
 from phalanx.checkpoint.store import CheckpointStore
+from phalanx.checkpoint.writer_process import (
+    STOP_TIMEOUT_S,
+    signals_blocked,
+    stop_writer_process,
+)
 from phalanx.errors import UsageError, first_line
 
 log = logging.getLogger("phalanx.checkpoint")
 
-STAGER_CLOSED_BY_SAVE = tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13)
-"""Before torch 2.13 `async_save` may close a caller's stager; staging with a closed one fails
-with `KeyError: <class 'type'>` (seen on torch 2.11 + H100; close() empties the stager's copy
-dispatch table since pytorch#170431). 2.13 documents that a given stager stays the caller's.
-So older torch gets a fresh stager per save (its pinned buffer is not reused)."""
 SHARDED_DIR = "sharded"
 """Sub-directory of a step directory that holds the DCP files."""
 DCP_METADATA = ".metadata"
 """DCP's index file (pickled), written last by DCP's coordinator rank."""
 STATE_KEYS = ("model", "optimizer")
+WRITERS = {"thread": AsyncCheckpointerType.THREAD, "process": AsyncCheckpointerType.PROCESS}
 
 
 def sharded_dir(store: CheckpointStore, step: int) -> Path:
@@ -113,11 +118,11 @@ class SaveHandle:
             dist.destroy_process_group(self._owned_group)
             self._owned_group = None
 
-    def wait_local(self) -> None:
+    def wait_local(self, timeout: float | None = None) -> None:
         """Wait for this rank's write only, with no collective (for error paths)."""
         if self._future is not None:
             future, self._future = self._future, None
-            future.result()
+            future.result(timeout)
 
 
 def save_sharded(
@@ -188,17 +193,31 @@ class AsyncSaver:
     before the process exits, so that the last checkpoint is complete. `on_done` runs on this
     rank right after its save is complete, inside the next `save`, `wait` or `close`: the place
     for barrier + commit, since every rank reaches it at the same point.
+
+    `writer="process"` writes from DCP's writer process instead of a thread of this one, so
+    the write never competes with training for the GIL (see writer_process.py).
     """
 
-    def __init__(self, *, process_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self, *, process_group: dist.ProcessGroup | None = None, writer: str = "thread"
+    ) -> None:
+        if writer not in WRITERS:
+            raise UsageError(f"AsyncSaver writer={writer!r}: use one of {', '.join(WRITERS)}")
+        self._writer = WRITERS[writer]
         self._owns_group = process_group is None
         self._group = _new_gloo_group() if process_group is None else process_group
-        # One stager for all saves: its CPU copy of the state is allocated (and, with CUDA,
-        # pinned) once and refilled by each save, instead of allocated anew while training
-        # waits. The previous write has always finished before the next copy (see save()).
-        self._stager = _new_stager()
+        # One stager for all saves (see staging.py); the previous write has always finished
+        # before the next copy (see save()). DCP only ever sees the staged copy.
+        self._stager = CachedStager(
+            pin_memory=torch.cuda.is_available(),
+            share_memory=self._writer is AsyncCheckpointerType.PROCESS,
+        )
         self._pending: SaveHandle | None = None
         self._on_done: Callable[[], None] | None = None
+        if self._writer is AsyncCheckpointerType.PROCESS:
+            # Runs before multiprocessing's own exit handler (atexit is last-in, first-out),
+            # which could not stop a writer that blocks SIGTERM.
+            atexit.register(stop_writer_process)
 
     @property
     def pending(self) -> bool:
@@ -219,12 +238,12 @@ class AsyncSaver:
     ) -> SaveHandle:
         """Wait for the previous save (and its `on_done`), then start this one."""
         self.wait()
-        if STAGER_CLOSED_BY_SAVE:
-            self._stager.close()
-            self._stager = _new_stager()
-        self._pending = _start_async(
-            step_dir, _prepare(step_dir, state), self._group, stager=self._stager
-        )
+        staged = self._stager.stage(_prepare(step_dir, state))
+        # The first save spawns the writer process; it inherits the blocked signals.
+        with signals_blocked() if self._writer is AsyncCheckpointerType.PROCESS else nullcontext():
+            self._pending = _start_async(
+                step_dir, staged, self._group, stager=_AlreadyStaged(), writer=self._writer
+            )
         self._on_done = on_done
         return self._pending
 
@@ -242,6 +261,7 @@ class AsyncSaver:
         """Wait for the pending save; release the CPU copy and the saver's own process group."""
         self.wait()
         self._stager.close()
+        self._stop_writer()
         if self._owns_group and self._group is not None:
             dist.barrier(group=self._group)
             dist.destroy_process_group(self._group)
@@ -270,22 +290,39 @@ class AsyncSaver:
         """
         pending, self._pending, self._on_done = self._pending, None, None
         if pending is not None:
+            # A writer process blocked in a collective with a dead peer's writer would hold
+            # this rank until gloo's 30-minute timeout; it is killed after STOP_TIMEOUT_S.
+            process = self._writer is AsyncCheckpointerType.PROCESS
             try:
-                pending.wait_local()
+                pending.wait_local(STOP_TIMEOUT_S if process else None)
             except BaseException as failed:
                 log.warning("async checkpoint write failed while unwinding: %s", failed)
         self._stager.close()
+        self._stop_writer()
+
+    def _stop_writer(self) -> None:
+        if self._writer is AsyncCheckpointerType.PROCESS:
+            stop_writer_process()
+            atexit.unregister(stop_writer_process)
 
 
-def _new_stager() -> DefaultStager:
-    return DefaultStager(
-        StagingOptions(
-            use_pinned_memory=torch.cuda.is_available(),
-            use_shared_memory=False,
-            use_async_staging=False,
-            use_non_blocking_copy=False,
-        )
-    )
+class _AlreadyStaged(AsyncStager):
+    """What `AsyncSaver` hands to DCP's `async_save`: the state dict is already a CPU copy.
+
+    Passing none would make DCP copy the CPU copy once more, and torch before 2.13 may close
+    a stager it is given; this one copies nothing and owns nothing, so closing it is harmless.
+    """
+
+    _synchronize_after_execute = False
+
+    def stage(self, state_dict: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return state_dict
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _prepare(step_dir: Path, state: Mapping[str, Any]) -> dict[str, Any]:
@@ -302,12 +339,17 @@ def _start_async(
     payload: dict[str, Any],
     group: dist.ProcessGroup | None,
     *,
-    stager: DefaultStager | None,
+    stager: AsyncStager | None,
     owns_group: bool = False,
+    writer: AsyncCheckpointerType = AsyncCheckpointerType.THREAD,
 ) -> SaveHandle:
-    """Copy `payload` to CPU memory now, write it from a background thread."""
+    """Copy `payload` to CPU memory now (unless `stager` has), write it in the background."""
     response = dcp_async_save(
-        payload, checkpoint_id=step_dir, process_group=group, async_stager=stager
+        payload,
+        checkpoint_id=step_dir,
+        process_group=group,
+        async_stager=stager,
+        async_checkpointer_type=writer,
     )
     future = response if isinstance(response, Future) else response.upload_completion
     return SaveHandle(step_dir, future, group if owns_group else None)

@@ -105,6 +105,9 @@ class DataConfig:
         _at_least("data.num_workers", self.num_workers, -1)
 
 
+ASYNC_WRITERS = ("process", "thread")
+
+
 @dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
     """Checkpoints in <run dir>/checkpoints/step-N (see docs/checkpoints.md)."""
@@ -126,6 +129,10 @@ class CheckpointConfig:
     """Write sharded checkpoints in the background: training waits only for the copy to CPU
     memory (which then holds one more copy of the model and optimizer); the step is committed
     once the write is complete, at the next save or the end. Needs sharded=true."""
+    async_writer: str = "process"
+    """Who writes async saves: process (DCP's writer process per rank: no competition with
+    training for the GIL; the script must guard its training with if __name__ == "__main__")
+    or thread (a thread of the training process)."""
     on_signal: bool = True
     """SIGUSR2 / SIGTERM (and SLURM's time limit): checkpoint at the next step, requeue under
     SLURM when preempted or out of time, then stop (docs/checkpoints.md, "Preemption")."""
@@ -141,6 +148,11 @@ class CheckpointConfig:
         _at_least("checkpoint.keep_last", self.keep_last, 1)
         if not self.resume:
             raise UsageError("config checkpoint.resume is empty; use auto, never or a step-N path")
+        if self.async_writer not in ASYNC_WRITERS:
+            raise UsageError(
+                f"config checkpoint.async_writer={self.async_writer!r} is not one of "
+                f"{', '.join(ASYNC_WRITERS)}"
+            )
         if self.async_save and not self.sharded:
             raise UsageError(
                 "config checkpoint.async_save=true needs checkpoint.sharded=true (background "

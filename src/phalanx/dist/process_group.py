@@ -14,6 +14,7 @@ import torch.distributed as dist
 from phalanx.config.schema import Config, DistConfig
 from phalanx.dist.device import select_backend, select_device
 from phalanx.dist.logging import setup_logging
+from phalanx.env.spawned import refuse_spawned_import
 from phalanx.env import ClusterEnv, detect
 from phalanx.errors import UsageError
 from phalanx.rundir.layout import RunDir
@@ -45,6 +46,7 @@ def init_group(config: DistConfig | None = None, *, env: ClusterEnv | None = Non
     process gets a one-rank group too, so collectives and DDP work without `if` branches.
     The group is destroyed at interpreter exit (or by shutdown() / the distributed() context).
     """
+    refuse_spawned_import()
     config = config or DistConfig()
     if dist.is_initialized():
         raise UsageError("torch.distributed is already initialised; call phalanx.init() once")

@@ -21,6 +21,7 @@ from typing import TypeVar
 from phalanx.config.args import parse_args
 from phalanx.config.loader import dump
 from phalanx.config.schema import Config
+from phalanx.env.spawned import refuse_spawned_import
 from phalanx.errors import UsageError
 from phalanx.rundir.layout import RunDir, create_fresh, job_dir, write_atomic
 
@@ -68,6 +69,7 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None) -> C:
     Under `phalanx run` (the resolve flag) this also creates the run directory, writes
     config.yaml, prints its path and exits, so the launcher can start the workers with it.
     """
+    refuse_spawned_import()  # before argv, which is the spawned process's own
     try:
         parsed = parse_args(cls, argv)
         if not parsed.resolve_only:

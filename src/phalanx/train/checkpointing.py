@@ -83,7 +83,8 @@ def _write_files(trainer: Trainer, store: CheckpointStore, step: int) -> str | N
             state = {"model": unwrap(trainer.model), "optimizer": trainer.optimizer}
             if trainer.config.checkpoint.async_save:
                 if trainer.async_saver is None:
-                    trainer.async_saver = AsyncSaver()  # collective: a gloo group of its own
+                    # Collective: a gloo group of its own.
+                    trainer.async_saver = AsyncSaver(writer=trainer.config.checkpoint.async_writer)
                 trainer.async_saver.save(sharded_dir(store, step), state)
             else:
                 save_sharded(sharded_dir(store, step), state)

@@ -1,0 +1,35 @@
+"""Refuse to start training in a process that is only importing the script again.
+
+Processes started with the "spawn" method (DCP's checkpoint writer with
+checkpoint.async_writer=process, a DataLoader with multiprocessing_context="spawn") run the main
+script once more, as module `__mp_main__`, before doing their own work. A script that trains at
+import, without an `if __name__ == "__main__":` guard, would there join the process group a
+second time and train again, or hang.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import FrameType
+
+UNGUARDED_SCRIPT = (
+    "a spawned helper process (the checkpoint writer of checkpoint.async_writer=process, or "
+    "a spawn DataLoader worker) imported the training script again, and the script starts "
+    "training at import; "
+    'put the training under `if __name__ == "__main__":` (or use checkpoint.async_writer=thread)'
+)
+
+
+def refuse_spawned_import() -> None:
+    """Exit with one line (code 2) when called from a script that a spawned process imports.
+
+    That process is not ours to unwind (multiprocessing prints a traceback for any exception
+    there, and its parent waits for it), so this exits at once; the parent reports the death.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__":
+            print(f"phalanx: error: {UNGUARDED_SCRIPT}", file=sys.stderr, flush=True)
+            os._exit(2)
+        frame = frame.f_back
