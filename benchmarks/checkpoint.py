@@ -2,17 +2,20 @@
 steps run while the background write goes on.
 
     python benchmarks/checkpoint.py [--size-mb 300] [--reps 5] [--device cpu|cuda] [--threads 1]
-        [--dir FOLDER] [--out benchmarks/results/checkpoint.json]
-    python benchmarks/checkpoint.py --device cuda --size-mb 1500     # the goal's setting
+        [--batch 32] [--writers thread process] [--dir FOLDER]
+        [--out benchmarks/results/checkpoint.json]
+    python benchmarks/checkpoint.py --device cuda --size-mb 1500 --batch 4096  # the goal's setting
 
 One process (a 1-rank gloo group, as under `phalanx run -n 1`) trains an MLP whose parameters
-plus AdamW moments make about `--size-mb` of state. Every repetition measures, interleaved (the
-order of sync and async alternates, so drift hits both alike):
+plus AdamW moments make about `--size-mb` of state. Every repetition measures, interleaved (each
+of sync and the async writers goes first in turn, so drift hits all alike):
 - baseline: the median time of a training step with no save in flight;
 - sync: `save_sharded(...).wait()`, all of which blocks training;
-- async: `AsyncSaver.save(...)` returns after the copy into CPU memory (blocked), then training
-  steps run until the write is done; slowdown = sum over those steps of (step - baseline), and
-  any wait left after them counts as blocked too. cost = blocked + slowdown.
+- async, per writer (`AsyncSaver(writer=thread|process)`, one saver each): `save(...)` returns
+  after the copy into CPU memory (blocked), then training steps run until the write is done;
+  slowdown = sum over those steps of (step - baseline), and any wait left after them counts as
+  blocked too. cost = blocked + slowdown; ratio = cost / sync.
+The first async save of each saver (allocation, writer start) is reported apart.
 Prints median and spread (min..max, stdev) and writes every sample as JSON.
 
 Goal (issue 5): on a GPU with >= 1 GB of state, async blocked + slowdown <= 10% of the sync save.
@@ -96,7 +99,7 @@ def sync_save(state: dict[str, Any], folder: Path) -> dict[str, float]:
 
 def async_save(
     saver: AsyncSaver, state: dict[str, Any], folder: Path, step: Callable[[], float],
-    baseline: float, max_steps: int,
+    baseline: float, max_steps: int, name: str,
 ) -> dict[str, float]:  # fmt: skip
     start = time.perf_counter()
     handle = saver.save(folder, state)
@@ -109,28 +112,31 @@ def async_save(
     blocked += time.perf_counter() - start
     slowdown = sum(t - baseline for t in during)
     return {
-        "async_blocked_s": blocked,
-        "async_slowdown_s": slowdown,
-        "async_cost_s": blocked + slowdown,
-        "steps_during_write": float(len(during)),
+        f"{name}_blocked_s": blocked,
+        f"{name}_slowdown_s": slowdown,
+        f"{name}_cost_s": blocked + slowdown,
+        f"{name}_steps_during_write": float(len(during)),
     }
 
 
 def one_rep(
-    rep: int, state: dict[str, Any], saver: AsyncSaver, step: Callable[[], float],
+    rep: int, state: dict[str, Any], savers: dict[str, AsyncSaver], step: Callable[[], float],
     scratch: Path, args: argparse.Namespace,
 ) -> dict[str, float]:  # fmt: skip
     baseline = statistics.median(step() for _ in range(args.baseline_steps))
     sample: dict[str, float] = {"rep": float(rep), "baseline_step_s": baseline}
-    order = ("sync", "async") if rep % 2 == 0 else ("async", "sync")
+    modes = ["sync", *savers]
+    order = modes[rep % len(modes) :] + modes[: rep % len(modes)]  # each goes first in turn
     for mode in order:
         folder = scratch / f"rep-{rep}-{mode}"
         if mode == "sync":
             sample |= sync_save(state, folder)
         else:
-            sample |= async_save(saver, state, folder, step, baseline, args.max_steps)
+            saver = savers[mode]
+            sample |= async_save(saver, state, folder, step, baseline, args.max_steps, mode)
         shutil.rmtree(folder)  # keeps disk use at one checkpoint; not timed
-    sample["ratio"] = sample["async_cost_s"] / sample["sync_blocked_s"]
+    for name in savers:
+        sample[f"{name}_ratio"] = sample[f"{name}_cost_s"] / sample["sync_blocked_s"]
     return sample
 
 
@@ -151,18 +157,20 @@ def summarise(samples: list[dict[str, float]]) -> dict[str, dict[str, float]]:
 def report(table: dict[str, dict[str, float]], meta: dict[str, Any]) -> None:
     print(
         f"\nstate {meta['state_mb']:.0f} MB on {meta['device']}, batch {meta['batch']}, "
-        f"{meta['writer']} writer, "
+        f"writers {'/'.join(meta['writers'])}, "
         f"{meta['reps']} repetitions"
     )
-    print(f"{'metric':<20}{'median':>10}{'min..max':>22}{'stdev':>10}")
+    print(f"{'metric':<28}{'median':>10}{'min..max':>22}{'stdev':>10}")
     for key, row in table.items():
         print(
-            f"{key:<20}{row['median']:>10.4f}{row['min']:>10.4f}..{row['max']:<10.4f}"
+            f"{key:<28}{row['median']:>10.4f}{row['min']:>10.4f}..{row['max']:<10.4f}"
             f"{row['stdev']:>10.4f}"
         )
-    verdict = "OK" if meta["goal_met"] else "MISSED"
     where = "" if meta["goal_applies"] else " (goal applies on GPU with >= 1 GB of state only)"
-    print(f"async cost / sync save = {table['ratio']['median']:.1%}: {verdict}{where}")
+    for name, met in meta["goal_met"].items():
+        ratio = table[f"{name}_ratio"]["median"]
+        verdict = "OK" if met else "MISSED"
+        print(f"{name} writer: async cost / sync save = {ratio:.1%}: {verdict}{where}")
 
 
 def parse() -> argparse.Namespace:
@@ -183,7 +191,10 @@ def parse() -> argparse.Namespace:
         "--switch-interval", type=float, default=None,
         help="sys.setswitchinterval(S) for the run (diagnosis of GIL hand-offs; Python's 0.005)",
     )  # fmt: skip
-    parser.add_argument("--writer", choices=["thread", "process"], default="thread")
+    parser.add_argument(
+        "--writers", nargs="+", choices=["thread", "process"], default=["thread", "process"],
+        help="async writers to compare, interleaved with the sync save in every repetition",
+    )  # fmt: skip
     parser.add_argument("--baseline-steps", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=500, help="steps per async write")
     parser.add_argument("--dir", type=Path, default=None, help="where checkpoints are written")
@@ -208,15 +219,19 @@ def main() -> None:
     samples = []
     first: dict[str, float] = {}
     try:
-        with AsyncSaver(writer=args.writer) as saver:
+        savers = {name: AsyncSaver(writer=name) for name in args.writers}
+        for name, saver in savers.items():
             # The first save allocates (and pins) the saver's CPU copy and, for the process
             # writer, starts the process: reported, but kept out of the repetitions.
-            first |= async_save(saver, state, scratch / "first", step, step(), args.max_steps)
-            print(json.dumps({"first_save": first}), flush=True)
-            shutil.rmtree(scratch / "first")
-            for rep in range(max(args.reps, 5)):
-                samples.append(one_rep(rep, state, saver, step, scratch, args))
-                print(json.dumps(samples[-1]), flush=True)
+            folder = scratch / f"first-{name}"
+            first |= async_save(saver, state, folder, step, step(), args.max_steps, name)
+            shutil.rmtree(folder)
+        print(json.dumps({"first_save": first}), flush=True)
+        for rep in range(max(args.reps, 5)):
+            samples.append(one_rep(rep, state, savers, step, scratch, args))
+            print(json.dumps(samples[-1]), flush=True)
+        for saver in savers.values():
+            saver.close()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         shutdown()
@@ -230,7 +245,7 @@ def main() -> None:
         "device": args.device,
         "threads": torch.get_num_threads(),
         "batch": args.batch,
-        "writer": args.writer,
+        "writers": args.writers,
         "width": args.width,
         "switch_interval_s": sys.getswitchinterval(),
         "state_mb": size / MIB,
@@ -238,7 +253,7 @@ def main() -> None:
         "reps": len(samples),
         "goal": f"async blocked + slowdown <= {GOAL:.0%} of a sync save",
         "goal_applies": applies,
-        "goal_met": table["ratio"]["median"] <= GOAL,
+        "goal_met": {w: table[f"{w}_ratio"]["median"] <= GOAL for w in args.writers},
         "first_save": first,
     }
     report(table, meta)

@@ -43,7 +43,9 @@ def wait_for(path: Path, job_id: str, slurm: SlurmCluster, timeout: float = 60) 
         time.sleep(0.1)  # polling a condition with a deadline
 
 
-def submit(slurm: SlurmCluster, tmp_path: Path, launch: str, run_dir: Path) -> str:
+def submit(
+    slurm: SlurmCluster, tmp_path: Path, launch: str, run_dir: Path, extra: tuple[str, ...] = ()
+) -> str:
     script = "\n".join((
         "#!/bin/bash",
         f"#SBATCH --output={tmp_path}/job.out",
@@ -53,16 +55,18 @@ def submit(slurm: SlurmCluster, tmp_path: Path, launch: str, run_dir: Path) -> s
         "#SBATCH --open-mode=append",
         f'export PATH="{VENV_BIN}:$PATH" OMP_NUM_THREADS=1',
         EXPORT_MASTER_ADDR,  # the fake node name node2 does not resolve (see test_slurm.py)
-        f"{launch} {WORKER} run.dir={run_dir} {' '.join(TRAIN)}",
+        f"{launch} {WORKER} run.dir={run_dir} {' '.join(TRAIN + extra)}",
         "",
     ))  # fmt: skip
     return slurm.sbatch(script, "-N1", "--ntasks-per-node=2" if "srun -n" in launch else "-n1")
 
 
-def training_past_step_20(slurm: SlurmCluster, tmp_path: Path, launch: str) -> tuple[Path, str]:
+def training_past_step_20(
+    slurm: SlurmCluster, tmp_path: Path, launch: str, extra: tuple[str, ...] = ()
+) -> tuple[Path, str]:
     """Submit the training job and wait until it wrote its step-20 marker: (run dir, job id)."""
     run_dir = tmp_path / "run"
-    job = submit(slurm, tmp_path, launch, run_dir)
+    job = submit(slurm, tmp_path, launch, run_dir, extra)
     wait_for(run_dir / "marker-0.txt", job, slurm)
     return run_dir, job
 
@@ -88,13 +92,21 @@ def assert_same_final(run_dir: Path, ref: Path) -> None:
         assert torch.equal(final[name], expected[name]), name
 
 
+ASYNC_SAVES = (
+    "checkpoint.every_steps=16", "checkpoint.sharded=true", "checkpoint.async_save=true",
+    "checkpoint.async_writer=process",
+)  # fmt: skip
+"""Background saves from DCP's writer processes, which SLURM signals like every other process
+of the step: they must survive the signal and write the stop checkpoint."""
+
+
 @pytest.mark.timeout(300)
 @EACH_LAUNCH_MODE
 def test_usr2_checkpoints_requeues_and_resumes_bitwise(
     slurm: SlurmCluster, tmp_path: Path, launch: str
 ) -> None:
     ref = reference(tmp_path)
-    run_dir, job = training_past_step_20(slurm, tmp_path, launch)
+    run_dir, job = training_past_step_20(slurm, tmp_path, launch, ASYNC_SAVES)
     slurm.command(["scancel", "--signal=USR2", job])
     state = slurm.wait(job, 200)
     info = slurm.job(job)
