@@ -23,6 +23,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -362,9 +363,11 @@ class SlurmCluster:
             if state in TERMINAL_STATES:
                 return state
             time.sleep(0.1)
+        stacks = job_stacks(job_id)  # before the cancel: where a hung job is stuck
         self.cancel(job_id)
         raise AssertionError(
-            f"job {job_id} not finished after {timeout}s: {self.job(job_id)}\n{self.logs()}"
+            f"job {job_id} not finished after {timeout}s: {self.job(job_id)}\n{self.logs()}\n"
+            f"{stacks}"
         )
 
     def wait_state(self, job_id: str, wanted: str, timeout: float) -> None:
@@ -391,3 +394,28 @@ class SlurmCluster:
             lines = log.read_text(errors="replace").splitlines()[-tail:]
             parts.append(f"--- {log.name}\n" + "\n".join(lines))
         return "\n".join(parts)
+
+
+def job_stacks(job_id: str) -> str:
+    """py-spy's stack dump of every Python process of a job (found by SLURM_JOB_ID in its
+    environment), for the failure message of a job that hangs; empty without py-spy."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        return ""
+    dumps = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"SLURM_JOB_ID={job_id}\0".encode() not in environ.read_bytes():
+                continue
+            if "python" not in (environ.parent / "cmdline").read_bytes().decode(errors="replace"):
+                continue
+        except OSError:  # the process ended, or is not ours to read
+            continue
+        pid = environ.parent.name
+        try:
+            result = run([spy, "dump", "--pid", pid], timeout=30)
+        except AssertionError as error:  # py-spy itself stuck: say so, keep the test's error
+            dumps.append(f"--- py-spy dump --pid {pid}: {error}")
+            continue
+        dumps.append(f"--- py-spy dump --pid {pid}\n{result.stdout}{result.stderr[-500:]}")
+    return "\n".join(dumps)
