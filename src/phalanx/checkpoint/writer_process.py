@@ -3,8 +3,8 @@
 torch's process-based async save (`AsyncCheckpointerType.PROCESS`) spawns one daemon process per
 rank, on the first save, from a thread of its own; the writer gets the staged copy through
 shared memory and never competes with training for the GIL (measured on an H100 with 1.5 GB of
-state: training slowed by 5% of a synchronous save instead of 19% with a writer thread;
-docs/benchmarks.md). Three things torch leaves to the caller, handled here:
+state: training slowed by about 5% of a synchronous save, against about 20% with a writer
+thread; docs/benchmarks.md). Three things torch leaves to the caller, handled here:
 
 - Signals. SLURM signals every process of a job step: the preemption SIGTERM and the time-limit
   SIGUSR2 would kill the writer (default action) in the middle of the very checkpoint they ask
@@ -16,7 +16,8 @@ docs/benchmarks.md). Three things torch leaves to the caller, handled here:
   and, failing that, kills it.
 - Spawning re-imports the training script in the writer (as `__mp_main__`). A script that trains
   at import, with no `if __name__ == "__main__":` guard, would train a second time there;
-  `phalanx.env.spawned.refuse_spawned_import` (run by `phalanx.init`) stops that with the fix.
+  `phalanx.env.spawned.refuse_spawned_import` (run by `phalanx.init` and `parse_config`) stops
+  that with the fix.
 
 DCP's writer handle is private to torch (the same in 2.11 and 2.13); it is read only here.
 """
@@ -52,12 +53,6 @@ def signals_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def writer_process_running() -> bool:
-    """DCP's writer process of this process exists and is alive."""
-    process = _dcp_writer()
-    return process is not None and process._save_process.is_alive()
 
 
 def stop_writer_process() -> None:
