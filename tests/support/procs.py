@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,12 +54,33 @@ def run(
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_and_wait([proc.pid, *descendants(proc.pid)])
+        pids = [proc.pid, *descendants(proc.pid)]
+        stacks = python_stacks(pids)  # before the kill: where the hung processes are stuck
+        kill_and_wait(pids)
         out, err = proc.communicate()
         raise AssertionError(
-            f"{' '.join(cmd)} timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err}"
+            f"{' '.join(cmd)} timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err}\n{stacks}"
         ) from None
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def python_stacks(pids: Sequence[int]) -> str:
+    """`py-spy dump` of each Python process among `pids` (empty without py-spy), for the
+    failure message of a command that hangs."""
+    spy = shutil.which("py-spy", path=str(VENV_BIN))
+    dumps = []
+    for pid in pids if spy is not None else []:
+        try:
+            if b"python" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            result = subprocess.run(
+                [str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            dumps.append(f"--- py-spy dump --pid {pid}: {error}")
+            continue
+        dumps.append(f"--- py-spy dump --pid {pid}\n{result.stdout}{result.stderr[-500:]}")
+    return "\n".join(dumps)

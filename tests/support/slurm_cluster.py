@@ -23,14 +23,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.procs import base_env, run
+from tests.support.procs import base_env, python_stacks, run
 
 RUNS_DIR = Path(tempfile.gettempdir()) / "phalanx-slurm"
 MUNGE_DIR = Path("/run/munge")
@@ -398,24 +397,12 @@ class SlurmCluster:
 
 def job_stacks(job_id: str) -> str:
     """py-spy's stack dump of every Python process of a job (found by SLURM_JOB_ID in its
-    environment), for the failure message of a job that hangs; empty without py-spy."""
-    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
-    if spy is None:
-        return ""
-    dumps = []
+    environment), for the failure message of a job that hangs."""
+    pids = []
     for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
-            if f"SLURM_JOB_ID={job_id}\0".encode() not in environ.read_bytes():
-                continue
-            if "python" not in (environ.parent / "cmdline").read_bytes().decode(errors="replace"):
-                continue
+            if f"SLURM_JOB_ID={job_id}\0".encode() in environ.read_bytes():
+                pids.append(int(environ.parent.name))
         except OSError:  # the process ended, or is not ours to read
             continue
-        pid = environ.parent.name
-        try:
-            result = run([spy, "dump", "--pid", pid], timeout=30)
-        except AssertionError as error:  # py-spy itself stuck: say so, keep the test's error
-            dumps.append(f"--- py-spy dump --pid {pid}: {error}")
-            continue
-        dumps.append(f"--- py-spy dump --pid {pid}\n{result.stdout}{result.stderr[-500:]}")
-    return "\n".join(dumps)
+    return python_stacks(pids)
