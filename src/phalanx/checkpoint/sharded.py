@@ -207,7 +207,8 @@ class AsyncSaver:
         self._owns_group = process_group is None
         self._group = _new_gloo_group() if process_group is None else process_group
         # One stager for all saves (see staging.py); the previous write has always finished
-        # before the next copy (see save()). DCP only ever sees the staged copy.
+        # before the next copy (see save()). DCP stages through it and never closes a stager
+        # it is given (torch 2.11 and 2.13), so its buffers live until close().
         self._stager = CachedStager(
             pin_memory=torch.cuda.is_available(),
             share_memory=self._writer is AsyncCheckpointerType.PROCESS,
@@ -238,11 +239,11 @@ class AsyncSaver:
     ) -> SaveHandle:
         """Wait for the previous save (and its `on_done`), then start this one."""
         self.wait()
-        staged = self._stager.stage(_prepare(step_dir, state))
+        payload = _prepare(step_dir, state)
         # The first save spawns the writer process; it inherits the blocked signals.
         with signals_blocked() if self._writer is AsyncCheckpointerType.PROCESS else nullcontext():
             self._pending = _start_async(
-                step_dir, staged, self._group, stager=_AlreadyStaged(), writer=self._writer
+                step_dir, payload, self._group, stager=self._stager, writer=self._writer
             )
         self._on_done = on_done
         return self._pending
@@ -304,25 +305,6 @@ class AsyncSaver:
         if self._writer is AsyncCheckpointerType.PROCESS:
             stop_writer_process()
             atexit.unregister(stop_writer_process)
-
-
-class _AlreadyStaged(AsyncStager):
-    """What `AsyncSaver` hands to DCP's `async_save`: the state dict is already a CPU copy.
-
-    Passing none would make DCP copy the CPU copy once more, and torch before 2.13 may close
-    a stager it is given; this one copies nothing and owns nothing, so closing it is harmless.
-    """
-
-    _synchronize_after_execute = False
-
-    def stage(self, state_dict: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        return state_dict
-
-    def synchronize_staging(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _prepare(step_dir: Path, state: Mapping[str, Any]) -> dict[str, Any]:
