@@ -115,7 +115,7 @@ def test_usr2_checkpoints_requeues_and_resumes_bitwise(
     assert starts[0] == 1 and 21 < starts[1] < 400, starts  # resumed after the checkpoint
     stopped = starts[1] - 1
     assert f"stopped at step {stopped} by signal SIGUSR2" in output(tmp_path), output(tmp_path)
-    assert "job requeued" in output(tmp_path)
+    assert "requeueing job" in output(tmp_path)
     assert_same_final(run_dir, ref)
     ids = [json.loads(line)["step"] for line in (run_dir / "ids-rank-1.jsonl").open()]
     assert sorted(set(ids)) == list(range(1, 401))
@@ -183,7 +183,7 @@ def test_time_limit_signal_checkpoints_and_requeues(
         slurm.cancel(job)
     text = output(tmp_path)
     assert "by signal SIGUSR2" in text or "by time limit" in text, text
-    assert "job requeued" in text
+    assert "requeueing job" in text
     assert list((run_dir / "checkpoints").glob("step-*/meta.json")), text
 
 
@@ -201,5 +201,5 @@ def test_partition_preemption_requeues_and_resumes_bitwise(
     slurm.wait(high, 30)
     info = slurm.job(job)
     assert state == "COMPLETED" and int(info.get("Restarts", "0")) >= 1, (info, output(tmp_path))
-    assert "by signal SIGTERM" in output(tmp_path) and "job requeued" in output(tmp_path)
+    assert "by signal SIGTERM" in output(tmp_path) and "requeueing job" in output(tmp_path)
     assert_same_final(run_dir, ref)

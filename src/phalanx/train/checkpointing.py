@@ -249,10 +249,13 @@ def stop_after_interrupt(trainer: Trainer) -> None:
         None, False, 128 + 15)  # fmt: skip
     seen = [m for m in all_gather_object(mine) if m[0] is not None] or [mine]
     reason, requeue, code = seen[0][0] or "stop request", any(m[1] for m in seen), seen[0][2]
+    where = f"checkpoint step-{trainer.state.step}" if trainer.store else "no run directory"
+    stopped = f"stopped at step {trainer.state.step} by {reason}: {where}"
     requeued = False
     if requeue and trainer.env.is_main_process and watcher is not None:
+        # Said before the requeue: it cancels the step, and srun may be gone (its output with
+        # it) before any line written after it reaches the job's output file.
+        log.warning("%s, requeueing job %s", stopped, watcher.job_id)
         requeued = watcher.requeue()
     requeued = bool(broadcast_object(requeued))
-    where = f"checkpoint step-{trainer.state.step}" if trainer.store else "no run directory"
-    then = "job requeued" if requeued else "not requeued"
-    raise RunInterrupted(f"stopped at step {trainer.state.step} by {reason}: {where}, {then}", code)
+    raise RunInterrupted(f"{stopped}, {'job requeued' if requeued else 'not requeued'}", code)
