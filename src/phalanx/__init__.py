@@ -12,10 +12,13 @@ from typing import TYPE_CHECKING, Any
 from phalanx.config import Config, DistConfig, RunConfig
 from phalanx.config.training import DataConfig, TrainConfig, TrainerConfig
 from phalanx.env import ClusterEnv, detect
+from phalanx.env.spawned import quiet_checkpoint_writer
 from phalanx.errors import UsageError
 from phalanx.rundir import RunDir, parse_config
 
 __version__ = "0.1.0"
+
+quiet_checkpoint_writer()  # a no-op unless this is a spawned process (the checkpoint writer)
 
 _LAZY = {
     **{

@@ -1,4 +1,5 @@
-"""Refuse to start training in a process that is only importing the script again.
+"""Behave in processes that only import the training script again: refuse to train there, and
+keep DCP's checkpoint writer quiet.
 
 Processes started with the "spawn" method (DCP's checkpoint writer with
 checkpoint.async_writer=process, a DataLoader with multiprocessing_context="spawn") run the main
@@ -9,6 +10,7 @@ second time and train again, or hang.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from types import FrameType
@@ -33,3 +35,23 @@ def refuse_spawned_import() -> None:
             print(f"phalanx: error: {UNGUARDED_SCRIPT}", file=sys.stderr, flush=True)
             os._exit(2)
         frame = frame.f_back
+
+
+def _not_writer_chatter(record: logging.LogRecord) -> bool:
+    """False for torch checkpoint records below WARNING logged straight to the root logger."""
+    if record.levelno >= logging.WARNING or record.name != "root":
+        return True
+    return "torch/distributed/checkpoint" not in record.pathname.replace(os.sep, "/")
+
+
+def quiet_checkpoint_writer() -> None:
+    """In a spawned process, drop the INFO lines DCP's writer logs (about six per save and rank).
+
+    torch's writer process (checkpoint.async_writer=process) sets the root logger to INFO with a
+    stderr handler of its own, so every save would print "Received ... / Completed ... / Waiting
+    ..." once per rank; its warnings and errors still pass. A filter on the root logger is the only
+    hook: the writer's code runs in a fresh interpreter, where phalanx gets imported only as part
+    of the training script it re-imports (as `__mp_main__`, before the writer's own code starts).
+    """
+    if "__mp_main__" in sys.modules:
+        logging.getLogger().addFilter(_not_writer_chatter)  # once: addFilter skips a repeat
