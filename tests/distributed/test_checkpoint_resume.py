@@ -104,6 +104,35 @@ def test_async_saves_commit_when_written_and_resume_bitwise(tmp_path: Path, writ
     assert "checkpoint request" not in err  # torch's writer process logs INFO lines per save
 
 
+FSDP = ("train.strategy=fsdp", "checkpoint.sharded=true", "model.blocks=3", "model.dropout=0.1",
+        "train.clip_grad_norm=0.5")  # fmt: skip
+
+
+@pytest.mark.timeout(500)
+def test_fsdp_kill_9_resume_is_bitwise_and_its_checkpoint_loads_on_one_rank(
+    tmp_path: Path,
+) -> None:
+    # FSDP2 shards written in the background by writer processes; a kill -9 at step 11, then
+    # resume on 2 ranks (bitwise), and the uninterrupted run's step-4 shards on 1 plain rank.
+    form = (*FSDP, "checkpoint.async_save=true")
+    reference = reference_run(tmp_path, *form)
+    run_dir = tmp_path / "run"
+    code, _ = launch(run_dir, *form, "fail.kill_at_step=11")
+    assert code != 0
+    done = committed_steps(run_dir / "checkpoints")
+    assert done in ([4], [4, 8]), done
+    code, err = launch(run_dir, *form)
+    assert code == 0, err
+    assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", str(done[-1] + 1)]
+    assert_same_training(run_dir, reference)
+    one = tmp_path / "one"
+    code, err = launch(one, "checkpoint.sharded=true", "model.blocks=3", "model.dropout=0.1",
+                       f"checkpoint.resume={reference}/checkpoints/step-4", "data.batch_size=8",
+                       ranks=1)  # fmt: skip
+    assert code == 0, err
+    assert "resumed from" in err and sorted(steps_to_ids(one, 0)) == list(range(5, 13))
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("sharded", ["false", "true"], ids=["full", "sharded"])
 def test_resume_on_one_rank_continues_at_the_same_sample(tmp_path: Path, sharded: str) -> None:

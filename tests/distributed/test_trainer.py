@@ -81,6 +81,23 @@ def test_uneven_data_on_three_ranks_and_exact_evaluation(tmp_path: Path) -> None
     assert r["distributed"]["eval/sq_err"] == pytest.approx(r["single"]["eval/sq_err"], rel=1e-12)
 
 
+@pytest.mark.timeout(240)
+def test_fsdp_trains_like_ddp_and_evaluates_uneven_shards_in_lock_step(tmp_path: Path) -> None:
+    # 3 ranks, 100 eval samples one per batch: rank 0 runs 34 forwards, ranks 1 and 2 run 33 and
+    # must run one more for rank 0's all-gathers (a hang otherwise). Fused AdamW: the NaN guard's
+    # on-device skip path over sharded parameters. Clipping is active (norms ~14 > 0.3).
+    r = scenario(tmp_path, "fsdp", "fused=1", ranks=3)
+    ddp, fsdp = r["ddp"], r["fsdp"]
+    assert fsdp["sharded"] and not ddp["sharded"]  # resharded after the evaluation too
+    assert len(fsdp["losses"]) == len(ddp["losses"]) == 8
+    assert max_diff(ddp["losses"], fsdp["losses"]) < 1e-5  # reduction order differs only
+    assert max_diff(ddp["grad_norms"], fsdp["grad_norms"]) < 1e-4
+    assert fsdp["keys"] == ddp["keys"] and "blocks.0.weight" in fsdp["keys"]  # no prefixes
+    assert max_diff(ddp["params"], fsdp["params"]) < 1e-6  # gathered in full on rank 0
+    assert fsdp["eval"]["eval/close"] == ddp["eval"]["eval/close"]  # every sample once
+    assert fsdp["eval"]["eval/sq_err"] == pytest.approx(ddp["eval"]["eval/sq_err"], rel=1e-6)
+
+
 @pytest.mark.timeout(180)
 def test_iterable_stream_sharded_over_ranks_and_workers(tmp_path: Path) -> None:
     r = scenario(tmp_path, "iterable", ranks=3)

@@ -44,6 +44,26 @@ class Fail:
 class Model:
     dropout: float = 0.0
     """Dropout probability (draws from each rank's RNG stream, which checkpoints restore)."""
+    blocks: int = 0
+    """Hidden blocks in an nn.ModuleList (FSDP's default units); 0: one hidden layer."""
+
+
+class Stack(nn.Module):
+    """Linear-Tanh blocks in a ModuleList, then a linear head."""
+
+    def __init__(self, blocks: int, dropout: float) -> None:
+        super().__init__()
+        self.inp = nn.Linear(DIM, 16)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Dropout(dropout)) for _ in range(blocks)
+        )
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.tanh(self.inp(x))
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,9 +131,12 @@ def main() -> None:
             return nn.functional.mse_loss(model(x), y)
 
         torch.manual_seed(0)
-        model = nn.Sequential(
-            nn.Linear(DIM, 16), nn.Tanh(), nn.Dropout(d.config.model.dropout), nn.Linear(16, 1)
+        spec = d.config.model
+        model: nn.Module = nn.Sequential(
+            nn.Linear(DIM, 16), nn.Tanh(), nn.Dropout(spec.dropout), nn.Linear(16, 1)
         )
+        if spec.blocks:
+            model = Stack(spec.blocks, spec.dropout)
         trainer = phalanx.Trainer(
             d, model=model, train_data=Augmented(), train_step=step,
             optimizer=lambda p: torch.optim.AdamW(p, lr=0.01),
@@ -122,8 +145,9 @@ def main() -> None:
         )  # fmt: skip
         trainer.fit()
         ids_file.close()
+        final = model_state_dict(trainer.model)  # every rank: a collective under FSDP
         if d.env.is_main_process:
-            torch.save(model_state_dict(trainer.model), run_dir / "final.pt")
+            torch.save(final, run_dir / "final.pt")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset
 
@@ -186,6 +187,48 @@ def scenario_uneven(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     return {"distributed": result, "single": single, "steps": trainer.state.step}
 
 
+class Blocks(nn.Module):
+    """make_model's function with its hidden layer as FSDP units (ModuleList children)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(DIM, 16)
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.tanh(self.inp(x))
+        for block in self.blocks:
+            x = x + torch.tanh(block(x))
+        return self.head(x)  # type: ignore[no-any-return]
+
+
+def scenario_fsdp(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    """The same training under DDP and FSDP (clipping, accumulation, uneven evaluation)."""
+    data = regression_data(100)
+    common = ("data.batch_size=4", "data.eval_batch_size=1", "train.grad_accum=2",
+              "train.clip_grad_norm=0.3", "train.epochs=2", "checkpoint.sharded=true")  # fmt: skip
+    results: dict[str, Any] = {}
+    for strategy in ("ddp", "fsdp"):
+        trainer = phalanx.Trainer(
+            d, config=config(*common, f"train.strategy={strategy}"), model=Blocks(),
+            optimizer=lambda p: torch.optim.AdamW(p, lr=0.01, fused=args.get("fused") == "1"),
+            train_data=data, train_step=mse_step, eval_data=data, eval_step=per_sample_eval,
+        )  # fmt: skip
+        history = trainer.fit()
+        state = phalanx.train.model_state_dict(trainer.model)  # all ranks: gathered under FSDP
+        results[strategy] = {
+            "losses": [h["loss"] for h in history if "loss" in h],
+            "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
+            "eval": trainer.evaluate(),
+            "params": [v for k in sorted(state) for v in state[k].flatten().tolist()],
+            "keys": sorted(state),
+            "sharded": isinstance(next(unwrap(trainer.model).parameters()), DTensor),
+        }
+    return results
+
+
 def scenario_metrics(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     r = float(d.env.rank)
     metrics = Metrics(d.device)
@@ -303,6 +346,7 @@ SCENARIOS = {
     "bad_step": scenario_bad_step,
     "gpu_sync": scenario_gpu_sync,
     "iterable": scenario_iterable,
+    "fsdp": scenario_fsdp,
 }
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from phalanx.config.schema import Config, check_choice
 from phalanx.errors import UsageError
 
 Precision = Literal["fp32", "bf16", "fp16"]
-Strategy = Literal["auto", "single", "ddp"]
+Strategy = Literal["auto", "single", "ddp", "fsdp"]
 NanPolicy = Literal["skip", "stop", "count"]
 LrScaling = Literal["none", "linear"]
 
@@ -40,13 +40,20 @@ class TrainConfig:
     precision: Precision = "fp32"
     """fp32, bf16 (autocast) or fp16 (autocast + GradScaler)."""
     strategy: Strategy = "auto"
-    """auto (ddp with several ranks, else single), single or ddp."""
+    """auto (ddp with several ranks, else single), single, ddp or fsdp (FSDP2: parameters,
+    gradients and optimizer state sharded over the ranks; needs checkpoint.sharded=true)."""
     compile: bool = False
     """torch.compile the model (for DDP: the DDP-wrapped module, so graphs split at buckets)."""
     ddp_static_graph: bool = False
     """DDP static_graph=True: faster when the graph never changes between steps."""
     ddp_bucket_mb: float = 25.0
     """DDP gradient bucket size in MiB."""
+    fsdp_units: tuple[str, ...] = ()
+    """FSDP: class names of the modules sharded one by one (e.g. Block); empty: every child of
+    every nn.ModuleList. Smaller units: lower peak memory, more collectives."""
+    fsdp_reshard_after_forward: bool = True
+    """FSDP: free each unit's gathered parameters after its forward (gather again for backward);
+    false keeps them until backward: faster, more memory."""
     nan_policy: NanPolicy = "stop"
     """Non-finite loss or gradient on any rank: skip the step, stop with a message, or count."""
     log_every: int = 50
@@ -66,9 +73,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))
-        check_choice("train.strategy", self.strategy, ("auto", "single", "ddp"))
+        check_choice("train.strategy", self.strategy, ("auto", "single", "ddp", "fsdp"))
         check_choice("train.nan_policy", self.nan_policy, ("skip", "stop", "count"))
         check_choice("train.lr_scaling", self.lr_scaling, ("none", "linear"))
+        if self.strategy == "fsdp" and self.precision == "fp16":
+            raise UsageError(
+                "config train.precision=fp16 is not supported with train.strategy=fsdp; use "
+                "bf16 (no loss scaling needed)"
+            )
         for key, value, low in (
             ("train.epochs", self.epochs, 1),
             ("train.max_steps", self.max_steps, 0),
@@ -220,3 +232,10 @@ class TrainerConfig(Config):
     """Checkpoints and resume."""
     track: TrackConfig = field(default_factory=TrackConfig)
     """Experiment trackers and plots."""
+
+    def __post_init__(self) -> None:
+        if self.train.strategy == "fsdp" and not self.checkpoint.sharded:
+            raise UsageError(
+                "config train.strategy=fsdp needs checkpoint.sharded=true (every rank saves its "
+                "own shards); add checkpoint.sharded=true"
+            )

@@ -3,20 +3,26 @@
 Each rank runs its own shard (no padding, so shards may differ in size; the unwrapped model
 runs without collectives), eval_step returns per-sample values, and one reduction at the end
 gives the mean over the whole data set — equal to a single-process evaluation.
+
+A sharded model (FSDP) all-gathers parameters in every forward, so all ranks must run the same
+number of forwards: with `lockstep_steps` a rank whose shard is done runs its last batch again
+and drops the result.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from phalanx.errors import UsageError
+from phalanx.train.fsdp import is_sharded, reshard_all
 from phalanx.train.metrics import Metrics
 from phalanx.train.precision import Precision
 from phalanx.train.step import to_device
+from phalanx.train.strategy import unwrap
 
 EvalFn = Callable[[nn.Module, Any], Mapping[str, torch.Tensor]]
 
@@ -29,6 +35,7 @@ def evaluate(
     device: torch.device,
     precision: Precision,
     max_batches: int | None = None,
+    lockstep_steps: int | None = None,
 ) -> dict[str, float]:
     """Mean of every per-sample value eval_step returns, over all samples of all ranks."""
     metrics = Metrics(device)
@@ -36,9 +43,7 @@ def evaluate(
     model.eval()
     try:
         with torch.no_grad():
-            for i, batch in enumerate(batches):
-                if max_batches is not None and i >= max_batches:
-                    break
+            for batch, counts in _schedule(batches, max_batches, lockstep_steps):
                 with precision.autocast():
                     out = eval_step(model, to_device(batch, device))
                 if not isinstance(out, Mapping):
@@ -47,7 +52,43 @@ def evaluate(
                         f"{{'accuracy': (pred == y).float()}}; got {type(out).__name__}"
                     )
                 for name, value in out.items():
-                    metrics.add(f"eval/{name}", value.float())
+                    if counts:
+                        metrics.add(f"eval/{name}", value.float())
     finally:
         model.train(was_training)
+        reshard_all(model)
     return metrics.compute()
+
+
+def _schedule(
+    batches: Iterable[Any], max_batches: int | None, lockstep_steps: int | None
+) -> Iterator[tuple[Any, bool]]:
+    """(batch, counts) pairs: this rank's batches, then, in lock step, its last one again
+    (not counted) until `lockstep_steps` forwards have run."""
+    limits = [n for n in (max_batches, lockstep_steps) if n is not None]
+    limit = min(limits) if limits else None
+    last, done = None, 0
+    for batch in batches:
+        if limit is not None and done >= limit:
+            return
+        last, done = batch, done + 1
+        yield batch, True
+    if lockstep_steps is None or limit is None:
+        return
+    assert last is not None or done == limit, "every rank holds at least one eval sample"
+    for _ in range(done, limit):
+        yield last, False
+
+
+def lockstep_steps(model: nn.Module, loader: Any, world_size: int) -> int | None:
+    """For a sharded model, the forward count every rank runs over `loader` (a make_eval_loader
+    loader); None when ranks may stop independently."""
+    if not is_sharded(unwrap(model)):
+        return None
+    sampler = loader.sampler
+    if sampler.dataset_len < world_size:
+        raise UsageError(
+            f"eval_data has {sampler.dataset_len} samples for {world_size} ranks; with "
+            "train.strategy=fsdp every rank needs at least one (all run each forward)"
+        )
+    return int(sampler.num_steps(loader.batch_size))

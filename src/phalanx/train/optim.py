@@ -15,6 +15,12 @@ def build_optimizer(
     optimizer: Any, model: nn.Module, train: TrainConfig, world_size: int
 ) -> torch.optim.Optimizer:
     """An Optimizer (as given, or from a factory over the wrapped model's parameters)."""
+    if isinstance(optimizer, torch.optim.Optimizer) and train.strategy == "fsdp":
+        raise UsageError(
+            "train.strategy=fsdp replaces the model's parameters with shards, so an optimizer "
+            "built before would update nothing; pass a factory: optimizer=lambda params: "
+            "torch.optim.AdamW(params, lr=...)"
+        )
     if not isinstance(optimizer, torch.optim.Optimizer):
         if not callable(optimizer):
             raise UsageError("optimizer must be a torch.optim.Optimizer or a factory(params)")

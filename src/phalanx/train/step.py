@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from phalanx.errors import UsageError
+from phalanx.train.fsdp import full_norm
 from phalanx.train.guard import NanGuard, masked_step
 from phalanx.train.metrics import Metrics
 from phalanx.train.precision import Precision
@@ -105,7 +106,7 @@ def _update(parts: StepParts, step: int) -> None:
     opt = parts.optimizer
     parts.precision.unscale_(opt)
     grads = _grads(opt)
-    norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+    norm = full_norm(torch.nn.utils.get_total_norm(grads)) if grads else torch.zeros(())
     if parts.clip_grad_norm > 0 and grads:
         torch.nn.utils.clip_grads_with_norm_(
             [p for g in opt.param_groups for p in g["params"]], parts.clip_grad_norm, norm

@@ -1,9 +1,9 @@
-"""Model wrapping: single device or DDP, then torch.compile as torch recommends.
+"""Model wrapping: single device, DDP or FSDP2, then torch.compile as torch recommends.
 
 For DDP the DDP-wrapped module is compiled, so TorchDynamo's DDPOptimizer splits graphs at
-bucket boundaries and communication overlaps the backward pass. FSDP2 plugs in here later.
-State dicts never carry wrapper prefixes (`module.`, `_orig_mod.`): checkpoints load into a
-plain model.
+bucket boundaries and communication overlaps the backward pass. FSDP2 shards the model in place
+(phalanx.train.fsdp). State dicts never carry wrapper prefixes (`module.`, `_orig_mod.`):
+checkpoints load into a plain model.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from phalanx.dist.process_group import Dist
+from phalanx.train.fsdp import full_state_dict, is_sharded, shard_model
 
 
 def resolve_strategy(requested: str, world_size: int) -> str:
@@ -32,11 +33,19 @@ def wrap_model(
     compile: bool = False,
     static_graph: bool = False,
     bucket_mb: float = 25.0,
+    fsdp_units: tuple[str, ...] = (),
+    fsdp_reshard: bool = True,
+    precision: str = "fp32",
 ) -> nn.Module:
-    """Move `model` to the rank's device and wrap it for `strategy` ('single' or 'ddp')."""
+    """Move `model` to the rank's device and wrap it for `strategy` (single, ddp or fsdp)."""
     model = model.to(handle.device)
     wrapped: nn.Module = model
-    if resolve_strategy(strategy, handle.env.world_size) == "ddp":
+    chosen = resolve_strategy(strategy, handle.env.world_size)
+    if chosen == "fsdp":
+        wrapped = shard_model(
+            model, unit_names=fsdp_units, precision=precision, reshard=fsdp_reshard
+        )
+    elif chosen == "ddp":
         device_ids = [handle.device.index] if handle.device.type == "cuda" else None
         wrapped = DistributedDataParallel(
             model,
@@ -62,8 +71,12 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def model_state_dict(model: nn.Module) -> dict[str, Any]:
-    """The user's module's state dict, keys free of wrapper prefixes."""
-    return unwrap(model).state_dict()
+    """The user's module's state dict, keys free of wrapper prefixes.
+
+    Sharded (train.strategy=fsdp): the whole state, gathered to CPU on rank 0 and empty on the
+    others; a collective, so every rank must call it."""
+    inner = unwrap(model)
+    return full_state_dict(inner) if is_sharded(inner) else inner.state_dict()
 
 
 def ddp_module(model: nn.Module) -> DistributedDataParallel | None:

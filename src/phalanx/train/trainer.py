@@ -34,7 +34,7 @@ from phalanx.train.checkpointing import (
     save_checkpoint,
     stop_after_interrupt,
 )
-from phalanx.train.evaluate import EvalFn, evaluate
+from phalanx.train.evaluate import EvalFn, evaluate, lockstep_steps
 from phalanx.train.guard import NanGuard, NonFiniteError
 from phalanx.train.metrics import Metrics
 from phalanx.train.optim import build_optimizer, build_scheduler
@@ -110,6 +110,9 @@ class Trainer:
             compile=train.compile,
             static_graph=train.ddp_static_graph,
             bucket_mb=train.ddp_bucket_mb,
+            fsdp_units=train.fsdp_units,
+            fsdp_reshard=train.fsdp_reshard_after_forward,
+            precision=train.precision,
         )
         self.optimizer = build_optimizer(optimizer, self.model, train, self.env.world_size)
         self.scheduler = build_scheduler(scheduler, self.optimizer, train)
@@ -342,6 +345,7 @@ class Trainer:
                 device=self.handle.device,
                 precision=self.precision,
                 max_batches=2 if self.dry_run else None,
+                lockstep_steps=lockstep_steps(self.model, loader, self.env.world_size),
             )
         self.last_eval = dict(values)
         values = {"step": self.state.step, "epoch": self.state.epoch, **values}

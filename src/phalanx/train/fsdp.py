@@ -1,0 +1,114 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`): parameters, gradients and optimizer state sharded
+over all ranks.
+
+What phalanx decides for the user, and why:
+- Units. Each unit is all-gathered before its forward and freed after, so peak memory holds one
+  unit's full parameters at a time. Default: every child of every `nn.ModuleList` (the blocks of
+  a transformer), then the root for whatever is left; `train.fsdp_units` names classes instead.
+- Same start as DDP. `fully_shard` keeps each rank's own values, and DDP broadcasts rank 0's; a
+  model built with different seeds per rank would otherwise start as a patchwork of shards.
+  Rank 0's parameters and buffers are broadcast first.
+- Precision. bf16 all-gathers parameters in bf16 and reduce-scatters gradients in fp32 (FSDP2's
+  MixedPrecisionPolicy); autocast still runs on top, so the ops autocast keeps in fp32
+  (normalisation, softmax, losses) stay there, as under DDP. fp16 is refused: its GradScaler
+  would have to agree on overflows across shards.
+- The optimizer must be built after sharding (fully_shard replaces the parameters), hence a
+  factory; and checkpoints are sharded (DCP): each rank writes its own shards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from phalanx.errors import UsageError
+
+
+def shard_units(model: nn.Module, unit_names: tuple[str, ...]) -> list[nn.Module]:
+    """The modules to shard one by one (root excluded), outermost first.
+
+    Named classes: every module of those classes that is not inside another one. Default: the
+    children of every nn.ModuleList.
+    """
+    if unit_names:
+        found = {type(m).__name__ for m in model.modules()}
+        missing = [name for name in unit_names if name not in found]
+        if missing:
+            raise UsageError(
+                f"train.fsdp_units names {missing}, which the model does not contain; "
+                f"its module classes are {sorted(found)}"
+            )
+        units: list[nn.Module] = []
+        for module in model.modules():
+            named = module is not model and type(module).__name__ in unit_names
+            if named and not any(_contains(unit, module) for unit in units):
+                units.append(module)
+        return units
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    return [child for modules in lists for child in modules.children()]
+
+
+def _contains(outer: nn.Module, inner: nn.Module) -> bool:
+    return any(m is inner for m in outer.modules())
+
+
+def broadcast_from_rank0(model: nn.Module) -> None:
+    """Every rank gets rank 0's parameters and buffers (what DDP does at wrap time)."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor, src=0)
+
+
+def shard_model(
+    model: nn.Module, *, unit_names: tuple[str, ...], precision: str, reshard: bool
+) -> nn.Module:
+    """Apply fully_shard to every unit, then to the root; the model's parameters become DTensors.
+
+    `model` must already be on the rank's device, on every rank.
+    """
+    if precision not in ("fp32", "bf16"):
+        raise UsageError(f"precision={precision!r} with FSDP: use fp32 or bf16")
+    if any(isinstance(m, FSDPModule) for m in model.modules()):
+        raise UsageError(
+            "the model was already sharded with fully_shard; pass the plain model and let "
+            "train.strategy=fsdp shard it (train.fsdp_units chooses the units)"
+        )
+    broadcast_from_rank0(model)
+    policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if precision == "bf16" else None,
+        reduce_dtype=torch.float32 if precision == "bf16" else None,
+    )
+    for unit in shard_units(model, unit_names):
+        fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
+    # The root's parameters are needed again right after forward (by backward): keep them.
+    fully_shard(model, mp_policy=policy, reshard_after_forward=False)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def reshard_all(model: nn.Module) -> None:
+    """Free every gathered parameter. A forward without backward (evaluation) leaves the root's
+    parameters gathered (it does not reshard after forward); saves and memory want shards."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def full_state_dict(model: nn.Module) -> dict[str, Any]:
+    """The whole model's state dict on CPU, on rank 0 (empty elsewhere). Collective."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)
+
+
+def full_norm(norm: torch.Tensor) -> torch.Tensor:
+    """The global gradient norm as a plain tensor (sharded gradients give a partial DTensor)."""
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
