@@ -55,6 +55,25 @@ def test_bf16_ddp_steps_have_no_hidden_host_sync(tmp_path: Path) -> None:
     assert r["loss_last"] < r["loss_first"]
 
 
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("extra", [(), ("precision=bf16", "compile=true")], ids=["fp32", "bf16"])
+def test_fsdp_on_gpus_trains_like_ddp(tmp_path: Path, extra: tuple[str, ...]) -> None:
+    """NCCL all-gathers and reduce-scatters; bf16 with FSDP's mixed-precision policy, compiled."""
+    result = run(
+        [str(VENV_BIN / "phalanx"), "run", "-n", str(ranks()), str(SUPPORT / "trainer_worker.py"),
+         "fsdp", str(tmp_path), *extra],
+        timeout=380,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    r = json.loads((tmp_path / "fsdp.json").read_text())
+    ddp, fsdp = r["ddp"], r["fsdp"]
+    assert fsdp["sharded"] and fsdp["keys"] == ddp["keys"]
+    tolerance = 5e-2 if extra else 1e-4  # bf16: parameters gathered in bf16 vs autocast
+    for a, b in zip(ddp["losses"], fsdp["losses"], strict=True):
+        assert abs(a - b) <= tolerance * abs(a), (ddp["losses"], fsdp["losses"])
+    assert fsdp["losses"][-1] < fsdp["losses"][0]
+
+
 ASYNC_SAVES = """
 import sys, torch, phalanx
 from pathlib import Path

@@ -208,7 +208,9 @@ def scenario_fsdp(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     """The same training under DDP and FSDP (clipping, accumulation, uneven evaluation)."""
     data = regression_data(100)
     common = ("data.batch_size=4", "data.eval_batch_size=1", "train.grad_accum=2",
-              "train.clip_grad_norm=0.3", "train.epochs=2", "checkpoint.sharded=true")  # fmt: skip
+              "train.clip_grad_norm=0.3", "train.epochs=2", "checkpoint.sharded=true",
+              f"train.precision={args.get('precision', 'fp32')}",
+              f"train.compile={args.get('compile', 'false')}")  # fmt: skip
     results: dict[str, Any] = {}
     for strategy in ("ddp", "fsdp"):
         trainer = phalanx.Trainer(
