@@ -78,6 +78,10 @@ def test_sharded_step_directory_exports_model_weights_only(tmp_path: Path) -> No
     source, count = export_weights(store.step_dir(3), tmp_path / "out.pt")
     assert (source, count) == (store.step_dir(3), 4)
     assert_weights(tmp_path / "out.pt", 3)
+    result = phalanx_export(str(store.step_dir(3)), str(tmp_path / "cli.pt"))
+    assert result.returncode == 0 and result.stderr == ""  # no warning from DCP's reader
+    assert result.stdout.startswith("exported 4 tensors of ")
+    assert_weights(tmp_path / "cli.pt", 3)
 
 
 def phalanx_export(*args: str) -> subprocess.CompletedProcess[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -124,7 +125,10 @@ def _read_sharded(path: Path) -> dict[str, torch.Tensor]:
             "was it written by phalanx.checkpoint.sharded.save_sharded?"
         )
     try:
-        dcp_load(template, storage_reader=reader, no_dist=True)
+        with warnings.catch_warnings():
+            # Reading in one process without a process group is the point here; DCP warns.
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp_load(template, storage_reader=reader, no_dist=True)
     except (CheckpointException, RuntimeError, OSError) as error:
         raise UsageError(f"cannot read sharded checkpoint '{path}' ({error})") from error
     return {key[len(_MODEL_PREFIX) :]: tensor for key, tensor in template.items()}
