@@ -13,6 +13,8 @@ import json
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,10 @@ class Fail:
     signal_all_at_step: int = 0
     """Like SLURM at preemption: every rank sends SIGTERM and SIGUSR2 to each of its child
     processes (checkpoint writer, data loader workers), then rank 1 SIGUSR2 to itself."""
+    hang_at_step: int = 0
+    """Rank 1 blocks forever after this optimizer step (a deadlock, as far as peers can tell)."""
+    slow_rank_s: float = 0.0
+    """Rank 1 sleeps this long after every step: slow, but making progress."""
     mark_at_step: int = 0
     """Rank 0 writes marker-<SLURM_RESTART_COUNT>.txt after this step (tests wait for it)."""
 
@@ -104,6 +110,10 @@ class Recorder(phalanx.Callback):
         if self.rank == 0 and trainer.state.step == self.fail.mark_at_step:
             restart = os.environ.get("SLURM_RESTART_COUNT", "0")
             (self.run_dir / f"marker-{restart}.txt").write_text(str(trainer.state.step))
+        if self.rank == 1 and trainer.state.step == self.fail.hang_at_step:
+            threading.Event().wait()  # never set
+        if self.rank == 1 and self.fail.slow_rank_s:
+            time.sleep(self.fail.slow_rank_s)  # fault injection: a slow rank, not a wait
         if self.rank == 1 and trainer.state.step == self.fail.signal_at_step:
             os.kill(os.getpid(), signal.SIGUSR2)  # one rank only: all must still stop together
         if trainer.state.step == self.fail.signal_all_at_step:

@@ -70,6 +70,10 @@ class TrainConfig:
     """Print a progress line on rank 0 at every logging point."""
     sync_debug: bool = False
     """CUDA only: fail on any host-device sync inside a training step (from step 3 on)."""
+    hang_timeout_s: float = 300.0
+    """Stop the run, naming the stuck rank, when the slowest rank completes no step for this
+    long (evaluations, saves and the first step excepted); 0: off. Keep it below
+    dist.timeout_s, and above the longest step."""
 
     def __post_init__(self) -> None:
         check_choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))
@@ -90,6 +94,7 @@ class TrainConfig:
             ("train.warmup_steps", self.warmup_steps, 0),
             ("train.clip_grad_norm", self.clip_grad_norm, 0),
             ("train.ddp_bucket_mb", self.ddp_bucket_mb, 0.001),
+            ("train.hang_timeout_s", self.hang_timeout_s, 0),
         ):
             _at_least(key, value, low)
 

@@ -1,4 +1,4 @@
-"""Lifecycle of a run: preemption signals, requeue (later: hang watchdog, fail-fast)."""
+"""Lifecycle of a run: preemption signals and requeue; the hang watchdog."""
 
 from phalanx.lifecycle.preemption import PREEMPT_SIGNAL, PreemptionWatcher
 

@@ -13,16 +13,16 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import IterableDataset
 
 from phalanx.checkpoint.sharded import AsyncSaver
 from phalanx.config.training import TrainerConfig
-from phalanx.data.loader import make_eval_loader, make_iterable_loader, make_train_loader
+from phalanx.data.loader import make_eval_loader
 from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.data.seeding import seed_everything
 from phalanx.dist.control import ControlPlane
 from phalanx.dist.process_group import Dist
 from phalanx.errors import UsageError
+from phalanx.lifecycle.hang import HangWatch
 from phalanx.lifecycle.preemption import PreemptionWatcher, RunInterrupted
 from phalanx.track import Tracking
 from phalanx.train.callbacks import Callback
@@ -35,6 +35,7 @@ from phalanx.train.checkpointing import (
     stop_after_interrupt,
 )
 from phalanx.train.evaluate import EvalFn, evaluate, lockstep_steps
+from phalanx.train.feeding import steps_per_epoch, train_loader
 from phalanx.train.guard import NanGuard, NonFiniteError
 from phalanx.train.metrics import Metrics
 from phalanx.train.optim import build_optimizer, build_scheduler
@@ -43,6 +44,7 @@ from phalanx.train.progress import Throughput, peak_flops, progress_line
 from phalanx.train.step import StepFn, StepParts, optimizer_step, to_device
 from phalanx.train.strategy import unwrap, wrap_model
 from phalanx.train.tracking import end_tracking, start_tracking
+from phalanx.train.watchdog import start_hang_watch
 
 log = logging.getLogger("phalanx.train")
 
@@ -146,6 +148,7 @@ class Trainer:
         self.pending_save: tuple[int, dict[str, Any]] | None = None  # written, not committed
         self.store = make_store(self)
         self.watcher: PreemptionWatcher | None = None  # signal handlers live only in fit()
+        self.hang: HangWatch | None = None  # the hang watchdog lives only in fit() too
         self.tracking = Tracking([])  # opened by fit(), once the resume step is known
         self._total_steps = 0
         self.throughput = Throughput(
@@ -163,29 +166,6 @@ class Trainer:
     def max_steps(self) -> int:
         return 2 if self.dry_run else self.config.train.max_steps
 
-    def _loader(self) -> Any:
-        data = self.config.data
-        workers = None if data.num_workers < 0 else data.num_workers
-        pin = data.pin_memory and self.handle.device.type == "cuda"
-        if isinstance(self.train_data, IterableDataset):
-            return make_iterable_loader(
-                self.train_data, env=self.env, batch_size=data.batch_size,
-                seed=self.config.train.seed, num_workers=workers, collate_fn=self.collate_fn,
-                pin_memory=pin,
-            )  # fmt: skip
-        return make_train_loader(
-            self.train_data,
-            env=self.env,
-            batch_size=data.batch_size,
-            seed=self.config.train.seed,
-            shuffle=data.shuffle,
-            drop_last=data.drop_last,
-            num_workers=None if data.num_workers < 0 else data.num_workers,
-            collate_fn=self.collate_fn,
-            pin_memory=data.pin_memory and self.handle.device.type == "cuda",
-            start=(self.state.epoch, self.state.global_index),
-        )
-
     def _micro_batches(self, it: Iterator[Any]) -> list[Any]:
         batches = []
         for _ in range(self.config.train.grad_accum):
@@ -202,6 +182,7 @@ class Trainer:
             self.watcher = PreemptionWatcher(
                 os.environ, time_margin_s=ck.time_margin_s, read_time_limit=self.env.is_main_process
             )
+        self.hang = start_hang_watch(self)
         outcome = "crash"
         try:
             history = self._fit()
@@ -212,6 +193,8 @@ class Trainer:
             raise
         finally:
             # A stop may leave an async write uncommitted (no collective is safe here).
+            if self.hang is not None:
+                self.hang.close()
             close_saver(self, failed=outcome != "done")
             end_tracking(self, outcome=outcome)
             if self.watcher is not None and not self.stop_requested:
@@ -226,9 +209,10 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_train_start(self)
         self.throughput.restart()
-        loader = self._loader()
+        loader = train_loader(self)
         sampler = loader.sampler if isinstance(loader.sampler, GlobalOrderSampler) else None
-        per_epoch = self._steps_per_epoch(sampler) if sampler is not None else 0
+        accum = self.config.train.grad_accum
+        per_epoch = steps_per_epoch(sampler, accum) if sampler is not None else 0
         self._total_steps = self.max_steps or self.config.train.epochs * per_epoch
         finished_epoch = True
         while not self._done():
@@ -250,15 +234,6 @@ class Trainer:
             cb.on_train_end(self)
         return self.history
 
-    def _steps_per_epoch(self, sampler: GlobalOrderSampler) -> int:
-        """Optimizer steps in one epoch: full global batches, plus the last partial one when
-        every rank gets a sample of it (a step needs data on all ranks)."""
-        size, batch, world = sampler.dataset_len, sampler.batch_size, sampler.world_size
-        micro = size // (batch * world)
-        if not sampler.drop_last and size % (batch * world) > (world - 1) * batch:
-            micro += 1
-        return micro // self.config.train.grad_accum
-
     def _done(self) -> bool:
         if self.max_steps:
             return self.state.step >= self.max_steps
@@ -270,7 +245,9 @@ class Trainer:
         it = iter(loader)
         micro_steps = 0
         while not (self.max_steps and self.state.step >= self.max_steps):
+            self._beat("data")
             batches = self._micro_batches(it)
+            self._beat("sync")
             signalled = self.watcher is not None and self.watcher.requested
             writing = self.async_saver is not None and self.async_saver.writing
             agreed = self.control.agree(
@@ -285,9 +262,11 @@ class Trainer:
                 return False
             if not agreed.all_have_data:
                 break
+            self._beat("step")
             with self._sync_debug():
                 optimizer_step(self._parts, batches, step=self.state.step + 1)
             self.state.step += 1
+            self._beat("after")
             self.throughput.count_step()
             micro_steps += len(batches)
             if isinstance(loader.sampler, GlobalOrderSampler):
@@ -299,6 +278,7 @@ class Trainer:
                 self.evaluate()
             every = self.config.checkpoint.every_steps
             if every and self.state.step % every == 0:
+                self._beat("checkpoint")
                 with self.throughput.paused():
                     save_checkpoint(self)
             for cb in self.callbacks:
@@ -329,6 +309,7 @@ class Trainer:
         """Evaluate on eval_data (every sample exactly once); {} without eval data."""
         if self.eval_data is None or self.eval_step is None:
             return {}
+        self._beat("eval")
         data = self.config.data
         loader = make_eval_loader(
             self.eval_data,
@@ -352,7 +333,12 @@ class Trainer:
         self._record(values)
         for cb in self.callbacks:
             cb.on_eval(self, values)
+        self._beat("after")
         return values
+
+    def _beat(self, phase: str) -> None:
+        if self.hang is not None:
+            self.hang.beat(self.state.step, phase)
 
     def _log(self) -> None:
         """A logging point: the only place training values reach the host."""

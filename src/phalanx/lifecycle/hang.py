@@ -1,0 +1,172 @@
+"""Hang detection: name the stuck rank and stop, instead of waiting for the collective timeout.
+
+A rank that stops making progress (a deadlocked data loader worker, an endless loop in user
+code, a dead GPU) leaves its peers blocked in the next collective until `dist.timeout_s`, and
+then the error names no rank. Here every rank runs a watchdog thread that publishes where its
+training loop stands (steps done, phase of the step cycle, host, pid) in the process group's
+store. Rank 0's watchdog calls a hang when the slowest rank has completed no step for
+`train.hang_timeout_s` while no rank is in a phase that may legitimately take long (the first
+step, an evaluation, a save). It then asks every rank for its main thread's Python stack, logs
+one line naming the stuck rank and where it is (phalanx.lifecycle.hang_report), writes all
+stacks to `<run dir>/diagnostics/hang-*.txt`, and every rank exits with HANG_EXIT.
+
+The training loop only records its position in memory (`beat`, no I/O); the watchdog threads
+talk to the store every `interval_s`. The store is torch's own (c10d clients are thread-safe).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from phalanx.lifecycle.hang_report import EXEMPT, Position, report
+
+log = logging.getLogger("phalanx.hang")
+
+HANG_EXIT = 3
+"""Exit status of every rank after a detected hang."""
+PREFIX = "phalanx/hang/"
+STACK_WAIT_S = 10.0
+"""How long rank 0 waits for the stacks of the other ranks (a frozen one never answers)."""
+
+
+class HangWatch:
+    """Start on every rank (after the process group); `beat` from the training loop; `close`."""
+
+    def __init__(
+        self, store: Any, *, rank: int, world_size: int, timeout_s: float,
+        report_dir: Path | None = None,
+    ) -> None:  # fmt: skip
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.timeout_s = timeout_s
+        self.interval_s = min(5.0, max(0.1, timeout_s / 5))
+        self.report_dir = report_dir
+        self._where = (0, "start", time.monotonic())
+        self._warm = False  # until the first step of this process is done, all is "start"
+        self._main = threading.main_thread().ident
+        self._stop = threading.Event()
+        self._lowest: tuple[int, float] | None = None  # rank 0: (slowest step, since when)
+        self._thread = threading.Thread(target=self._run, name="phalanx-hang-watch", daemon=True)
+        self._thread.start()
+
+    def beat(self, step: int, phase: str) -> None:
+        """The loop is now in `phase` with `step` optimizer steps done (memory only)."""
+        if not self._warm:
+            if phase != "after":
+                return
+            self._warm = True
+        if self._where[:2] != (step, phase):
+            self._where = (step, phase, time.monotonic())  # one assignment: read whole
+
+    def close(self) -> None:
+        """Stop the watchdog (training is over: nothing left to watch) and withdraw this rank's
+        position, so that a later watch in this process group starts clean."""
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s + 5)
+        try:
+            self.store.delete_key(PREFIX + f"pos/{self.rank}")
+        except Exception as error:
+            log.debug("hang watch: %s", error)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._publish()
+                if self.store.check([PREFIX + "abort"]):
+                    _exit("stopping: rank 0 found a hang (see its report)")
+                if self.store.check([PREFIX + "request"]):
+                    self.store.set(PREFIX + f"stack/{self.rank}", self._stack())
+                if self.rank == 0:
+                    self._judge()
+            except Exception as error:
+                log.debug("hang watch stops: %s", error)
+                return
+
+    def _publish(self) -> None:
+        step, phase, since = self._where
+        record = {"step": step, "phase": phase, "age_s": time.monotonic() - since,
+                  "host": socket.gethostname(), "pid": os.getpid()}  # fmt: skip
+        self.store.set(PREFIX + f"pos/{self.rank}", json.dumps(record))
+
+    def _stack(self) -> str:
+        frame = sys._current_frames().get(self._main) if self._main is not None else None
+        return "".join(traceback.format_stack(frame)) if frame is not None else ""
+
+    def _positions(self) -> list[Position] | None:
+        keys = [PREFIX + f"pos/{r}" for r in range(self.world_size)]
+        if not self.store.check(keys):
+            return None  # not every rank has published yet
+        return [Position(rank=r, **json.loads(self.store.get(k))) for r, k in enumerate(keys)]
+
+    def _judge(self) -> None:
+        positions = self._positions()
+        now = time.monotonic()
+        if positions is None or any(p.phase in EXEMPT for p in positions):
+            self._lowest = None
+            return
+        lowest = min(p.step for p in positions)
+        if self._lowest is None or self._lowest[0] != lowest:
+            self._lowest = (lowest, now)
+            return
+        waited = now - self._lowest[1]
+        if waited >= self.timeout_s:
+            self._stop_the_run(waited)
+
+    def _stop_the_run(self, waited: float) -> None:
+        self.store.set(PREFIX + "request", "1")
+        stacks = self._gather_stacks(time.monotonic() + max(STACK_WAIT_S, 3 * self.interval_s))
+        positions = self._positions() or []
+        line = report(positions, stacks, waited)
+        where = self._write(line, stacks)
+        log.error("hang: %s%s", line, f" (every rank's stack: {where})" if where else "")
+        self.store.set(PREFIX + "abort", "1")
+        _exit(None)
+
+    def _gather_stacks(self, deadline: float) -> dict[int, str]:
+        stacks = {0: self._stack()}
+        while time.monotonic() < deadline and len(stacks) < self.world_size:
+            for r in range(1, self.world_size):
+                key = PREFIX + f"stack/{r}"
+                if r not in stacks and self.store.check([key]):
+                    stacks[r] = self.store.get(key).decode()
+            time.sleep(min(0.2, self.interval_s))  # polling the store, with a deadline
+        return stacks
+
+    def _write(self, line: str, stacks: dict[int, str]) -> Path | None:
+        if self.report_dir is None:
+            return None
+        path = self.report_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+        missing = "(no answer: the process is frozen, gone, or holds the GIL)\n"
+        blocks = [f"--- rank {r} ---\n{stacks.get(r) or missing}" for r in range(self.world_size)]
+        try:
+            path.write_text(line + "\n\n" + "".join(blocks))
+        except OSError as error:
+            log.warning("could not write %s: %s", path, error)
+            return None
+        return path
+
+
+def _exit(message: str | None) -> None:
+    """Leave at once: the main thread is blocked (in a collective or the stuck code), so no
+    exception could reach it; the launcher (torchrun, srun --kill-on-bad-exit) stops the rest."""
+    if message:
+        log.error("%s", message)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os._exit(HANG_EXIT)
+
+
+def default_store() -> Any:
+    """The process group's store (private to torch, stable since 1.x)."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()

@@ -1,0 +1,44 @@
+"""Hang detection on real gloo ranks: a stuck rank is named (with its line of code) and the run
+stops long before the collective timeout; a slow rank that makes progress is left alone."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.distributed.test_checkpoint_resume import launch
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.mark.timeout(200)
+def test_a_stuck_rank_is_named_and_every_rank_stops(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    code, err = launch(run_dir, "fail.hang_at_step=5", "train.hang_timeout_s=3",
+                       "dist.timeout_s=300")  # fmt: skip
+    assert time.monotonic() - started < 150, err  # not the 300 s collective timeout
+    assert code != 0
+    assert "exitcode: 3" in err, err  # HANG_EXIT, from the watchdog
+    line = next(x for x in err.splitlines() if "ERROR phalanx.hang: hang:" in x)
+    assert "no training progress for " in line
+    assert "rank 1 (" in line and "in phase 'after' after step 5" in line
+    assert "at ckpt_worker.py:" in line and "in on_step_end" in line  # the stuck line of code
+    assert "rank(s) 0 wait in 'sync' after step 5" in line
+    reports = list((run_dir / "diagnostics").glob("hang-*.txt"))
+    assert len(reports) == 1 and str(reports[0]) in line
+    text = reports[0].read_text()
+    assert "--- rank 0 ---" in text and "--- rank 1 ---" in text
+    assert "threading.Event().wait()" in text  # rank 1's stack, source line included
+    assert "stopping: rank 0 found a hang" in err or "exitcode: -15" in err  # rank 1 went too
+
+
+@pytest.mark.timeout(200)
+def test_a_slow_rank_that_makes_progress_is_not_a_hang(tmp_path: Path) -> None:
+    # Rank 1 takes 1 s per step, rank 0 waits for it each time: 12 steps, no step longer than
+    # the 3 s limit, so no hang may be called.
+    code, err = launch(tmp_path / "run", "fail.slow_rank_s=1.0", "train.hang_timeout_s=3")
+    assert code == 0, err
+    assert "phalanx.hang" not in err
