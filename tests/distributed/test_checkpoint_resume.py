@@ -19,10 +19,12 @@ COMMON = (
 pytestmark = pytest.mark.dist
 
 
-def launch(run_dir: Path, *overrides: str, ranks: int = 2) -> tuple[int, str]:
+def launch(
+    run_dir: Path, *overrides: str, ranks: int = 2, run_args: tuple[str, ...] = ()
+) -> tuple[int, str]:
     result = run(
-        [str(VENV_BIN / "phalanx"), "run", "-n", str(ranks), WORKER, f"run.dir={run_dir}",
-         *COMMON, *overrides],
+        [str(VENV_BIN / "phalanx"), "run", "-n", str(ranks), *run_args, WORKER,
+         f"run.dir={run_dir}", *COMMON, *overrides],
         timeout=240,
     )  # fmt: skip
     return result.returncode, result.stderr[-3000:]

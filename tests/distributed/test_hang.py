@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.test_checkpoint_resume import launch
+from tests.distributed.test_checkpoint_resume import (
+    assert_same_training,
+    launch,
+    reference_run,
+)
 
 pytestmark = pytest.mark.dist
 
@@ -42,3 +46,17 @@ def test_a_slow_rank_that_makes_progress_is_not_a_hang(tmp_path: Path) -> None:
     code, err = launch(tmp_path / "run", "fail.slow_rank_s=1.0", "train.hang_timeout_s=3")
     assert code == 0, err
     assert "phalanx.hang" not in err
+
+
+@pytest.mark.timeout(300)
+def test_elastic_restart_after_a_hang_resumes_bitwise(tmp_path: Path) -> None:
+    # Fail fast, then recover: the hang stops every rank (exit 3), torchrun restarts the workers
+    # once, and they resume from step-4 to the same final weights as a run that never hung.
+    reference = reference_run(tmp_path, "model.dropout=0.1")
+    run_dir = tmp_path / "run"
+    code, err = launch(run_dir, "model.dropout=0.1", "fail.hang_at_step=6",
+                       "train.hang_timeout_s=3", run_args=("--max-restarts", "1"))  # fmt: skip
+    assert code == 0, err
+    assert len(list((run_dir / "diagnostics").glob("hang-*.txt"))) == 1
+    assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "5"]
+    assert_same_training(run_dir, reference)

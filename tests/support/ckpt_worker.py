@@ -32,7 +32,8 @@ N, DIM = 96, 6
 @dataclass(frozen=True, kw_only=True)
 class Fail:
     kill_at_step: int = 0
-    """SIGKILL rank 0 right after this optimizer step (0: never)."""
+    """SIGKILL rank 0 right after this optimizer step (0: never). Like hang_at_step, only in
+    the first attempt of a torchrun with restarts."""
     signal_at_step: int = 0
     """Send SIGUSR2 to rank 1 (the preemption signal) after this optimizer step (0: never)."""
     signal_all_at_step: int = 0
@@ -105,12 +106,13 @@ class Recorder(phalanx.Callback):
             handle.write(f"{trainer.state.step + 1}\n")
 
     def on_step_end(self, trainer: phalanx.Trainer) -> None:
-        if self.rank == 0 and trainer.state.step == self.fail.kill_at_step:
+        first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if first and self.rank == 0 and trainer.state.step == self.fail.kill_at_step:
             os.kill(os.getpid(), signal.SIGKILL)  # a real kill -9: no cleanup of any kind
         if self.rank == 0 and trainer.state.step == self.fail.mark_at_step:
             restart = os.environ.get("SLURM_RESTART_COUNT", "0")
             (self.run_dir / f"marker-{restart}.txt").write_text(str(trainer.state.step))
-        if self.rank == 1 and trainer.state.step == self.fail.hang_at_step:
+        if first and self.rank == 1 and trainer.state.step == self.fail.hang_at_step:
             threading.Event().wait()  # never set
         if self.rank == 1 and self.fail.slow_rank_s:
             time.sleep(self.fail.slow_rank_s)  # fault injection: a slow rank, not a wait
