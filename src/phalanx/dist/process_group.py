@@ -5,8 +5,10 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
+import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -64,8 +66,13 @@ def init_group(config: DistConfig | None = None, *, env: ClusterEnv | None = Non
         dist.init_process_group(
             backend, store=store, rank=0, world_size=1, timeout=timeout, device_id=device_id
         )
+    elif env.launcher == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        dist.init_process_group(
+            backend, store=_attempt_store(env, timeout), rank=env.rank,
+            world_size=env.world_size, timeout=timeout, device_id=device_id,
+        )  # fmt: skip
     else:
-        # env:// under torchrun reuses the agent's store; other launchers meet at rank 0's host.
+        # Other launchers (and torchrun without an agent store) meet at rank 0's host.
         method = "env://" if env.launcher == "torchrun" else _tcp_url(env)
         dist.init_process_group(
             backend, init_method=method, rank=env.rank, world_size=env.world_size,
@@ -74,6 +81,22 @@ def init_group(config: DistConfig | None = None, *, env: ClusterEnv | None = Non
     atexit.register(shutdown)
     log.debug("joined %s group of %d ranks on %s", backend, env.world_size, device)
     return Dist(env=env, device=device, backend=backend)
+
+
+def _attempt_store(env: ClusterEnv, timeout: timedelta) -> Any:
+    """The torchrun agent's store, seen through a prefix of this restart attempt.
+
+    torchrun keeps one store for all attempts of `--max-restarts`, and env:// uses it without a
+    prefix: a restarted rank can read a dead rank's gloo address from the attempt before and
+    fail with "connectFullMesh ... Connection refused" (measured with torch 2.13 and plain
+    torchrun), and any key phalanx keeps there (the hang watchdog's) would outlive its attempt.
+    """
+    client = dist.TCPStore(  # type: ignore[attr-defined]
+        env.master_addr, env.master_port, world_size=env.world_size, is_master=False,
+        timeout=timeout,
+    )  # fmt: skip
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"phalanx/attempt-{attempt}/", client)  # type: ignore[attr-defined]
 
 
 def _tcp_url(env: ClusterEnv) -> str:

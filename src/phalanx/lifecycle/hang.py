@@ -81,6 +81,7 @@ class HangWatch:
             try:
                 self._publish()
                 if self.store.check([PREFIX + "abort"]):
+                    self.store.add(PREFIX + "gone", 1)
                     _exit("stopping: rank 0 found a hang (see its report)")
                 if self.store.check([PREFIX + "request"]):
                     self.store.set(PREFIX + f"stack/{self.rank}", self._stack())
@@ -128,6 +129,12 @@ class HangWatch:
         where = self._write(line, stacks)
         log.error("hang: %s%s", line, f" (every rank's stack: {where})" if where else "")
         self.store.set(PREFIX + "abort", "1")
+        # Leave last: under srun rank 0 hosts the store, and the others read "abort" there.
+        deadline = time.monotonic() + 3 * self.interval_s + 1
+        while self.store.add(PREFIX + "gone", 0) < self.world_size - 1:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(min(0.2, self.interval_s))  # polling the store, with a deadline
         _exit(None)
 
     def _gather_stacks(self, deadline: float) -> dict[int, str]:
