@@ -49,14 +49,20 @@ def test_a_slow_rank_that_makes_progress_is_not_a_hang(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_elastic_restart_after_a_hang_resumes_bitwise(tmp_path: Path) -> None:
-    # Fail fast, then recover: the hang stops every rank (exit 3), torchrun restarts the workers
-    # once, and they resume from step-4 to the same final weights as a run that never hung.
+@pytest.mark.parametrize(
+    "fault",
+    [("fail.hang_at_step=6", "train.hang_timeout_s=3"), ("fail.kill_at_step=7",)],
+    ids=["hang", "kill-9"],
+)
+def test_restart_after_a_failure_resumes_bitwise(tmp_path: Path, fault: tuple[str, ...]) -> None:
+    # Fail fast, then recover: the hang stops every rank (exit 3) or rank 0 dies; torchrun
+    # restarts the workers once and they resume from step-4 to the same final weights as a run
+    # that never failed. The restarted ranks join through a store prefix of their own attempt.
     reference = reference_run(tmp_path, "model.dropout=0.1")
     run_dir = tmp_path / "run"
-    code, err = launch(run_dir, "model.dropout=0.1", "fail.hang_at_step=6",
-                       "train.hang_timeout_s=3", run_args=("--max-restarts", "1"))  # fmt: skip
+    code, err = launch(run_dir, "model.dropout=0.1", *fault, run_args=("--max-restarts", "1"))
     assert code == 0, err
-    assert len(list((run_dir / "diagnostics").glob("hang-*.txt"))) == 1
+    hung = "fail.hang_at_step=6" in fault
+    assert len(list((run_dir / "diagnostics").glob("hang-*.txt"))) == int(hung)
     assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "5"]
     assert_same_training(run_dir, reference)
