@@ -193,8 +193,7 @@ class Trainer:
             raise
         finally:
             # A stop may leave an async write uncommitted (no collective is safe here).
-            if self.hang is not None:
-                self.hang.close()
+            self._stop_hang_watch()
             close_saver(self, failed=outcome != "done")
             end_tracking(self, outcome=outcome)
             if self.watcher is not None and not self.stop_requested:
@@ -221,6 +220,7 @@ class Trainer:
             finished_epoch = self._run_epoch(loader)
             if self.stop_requested:
                 break
+        self._stop_hang_watch()  # the final evaluation and saves may take long: not a hang
         if not finished_epoch and not self.config.train.eval_every:
             self.evaluate()  # stopped by max_steps inside an epoch: evaluate the final model
         if self.state.step % self.config.train.log_every:
@@ -335,6 +335,11 @@ class Trainer:
             cb.on_eval(self, values)
         self._beat("after")
         return values
+
+    def _stop_hang_watch(self) -> None:
+        hang, self.hang = self.hang, None
+        if hang is not None:
+            hang.close()
 
     def _beat(self, phase: str) -> None:
         if self.hang is not None:
