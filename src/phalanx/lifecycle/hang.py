@@ -87,8 +87,9 @@ class HangWatch:
                     self.store.set(PREFIX + f"stack/{self.rank}", self._stack())
                 if self.rank == 0:
                     self._judge()
-            except Exception as error:
-                log.debug("hang watch stops: %s", error)
+            except Exception as error:  # the store is gone (a peer died, the run is ending)
+                if not self._stop.is_set():
+                    log.warning("hang detection stopped on rank %d: %s", self.rank, error)
                 return
 
     def _publish(self) -> None:
