@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from phalanx.doctor.cli import cmd_doctor
 from phalanx.env import FIELDS, LAUNCHERS, detect
 from phalanx.errors import UsageError
 from phalanx.submit.cli import HANDLERS as JOB_HANDLERS
@@ -102,6 +103,25 @@ def _add_plot(sub: argparse._SubParsersAction[_Parser]) -> None:
     plot.add_argument("-o", "--out", default="plots", metavar="DIR", help="where to write")
 
 
+def _add_doctor(sub: argparse._SubParsersAction[_Parser]) -> None:
+    doctor = sub.add_parser(
+        "doctor",
+        help="check this node for distributed training; --bandwidth measures all-reduce",
+        description="Check this node: versions, GPUs, the detected launcher, shared memory, "
+        "open-file limit, host name resolution, SLURM tools, disk space, network, trackers. "
+        "Exit code 1 if a check fails. --bandwidth then times all-reduce over N local "
+        "processes (under 'srun --ntasks-per-node=1', over every node of the step).",
+    )
+    doctor.add_argument("--json", action="store_true", help="one JSON object per check")
+    doctor.add_argument("--run-root", default="runs", help="where runs would be written")
+    doctor.add_argument("--bandwidth", action="store_true", help="also time all-reduce")
+    doctor.add_argument("-n", "--nproc-per-node", type=int, default=0, metavar="N",
+                        help="processes for --bandwidth (default: GPUs, or 2 on CPU)")  # fmt: skip
+    doctor.add_argument("--sizes-mb", type=float, nargs="+", default=[1.0, 16.0, 64.0],
+                        metavar="MB", help="message sizes for --bandwidth")  # fmt: skip
+    doctor.add_argument("--iters", type=int, default=20, help="timed all-reduces per size")
+
+
 def build_parser() -> _Parser:
     parser = _Parser(
         prog="phalanx",
@@ -115,6 +135,7 @@ def build_parser() -> _Parser:
     _add_info(sub)
     _add_export(sub)
     _add_plot(sub)
+    _add_doctor(sub)
     add_sweep_parser(sub)
     add_job_parsers(sub)
     return parser
@@ -169,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {
         "run": _cmd_run, "info": _cmd_info, "export": _cmd_export, "plot": _cmd_plot,
-        "sweep": cmd_sweep,
+        "doctor": cmd_doctor, "sweep": cmd_sweep,
         **JOB_HANDLERS,
     }  # fmt: skip
     try:

@@ -14,6 +14,8 @@ EXPECTED = {
     "info": {"-h", "--help", "--json", "--launcher", "--no-slurm"},
     "export": {"-h", "--help"},
     "plot": {"-h", "--help", "-o", "--out"},
+    "doctor": {"-h", "--help", "--json", "--run-root", "--bandwidth", "-n", "--nproc-per-node",
+               "--sizes-mb", "--iters"},
     "sweep": {"-h", "--help", "--summary", "--root", "--slurm", "--wait", "--profile",
               "--profiles", "--set"},
     "submit": {

@@ -66,6 +66,11 @@ _KEPT_PREFIXES = (
 )
 
 
+def is_secret_name(name: str) -> bool:
+    """True for variable names that look like they hold a secret (API keys, tokens...)."""
+    return _SECRET_NAME.search(name) is not None
+
+
 def redact_environ(environ: Mapping[str, str]) -> dict[str, str]:
     """The launcher-relevant variables, with secret values replaced."""
     out: dict[str, str] = {}
