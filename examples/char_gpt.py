@@ -5,6 +5,7 @@
         model.block_size=256 model.dropout=0.2 data.batch_size=64 train.max_steps=5000 \\
         train.eval_every=500 train.precision=bf16 train.compile=true
     # GPT-2-small shape: model.n_layer=12 model.n_head=12 model.n_embd=768 model.block_size=1024
+    # sharded with FSDP2 (each block a unit): train.strategy=fsdp checkpoint.sharded=true
 
 Rank 0 prints one JSON line with the validation loss last.
 """
