@@ -108,3 +108,20 @@ def test_async_saves_in_a_row_on_cuda(tmp_path: Path, writer: str) -> None:
         env=base_env({"CUDA_VISIBLE_DEVICES": "0"}),
     )
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs (hang detection watches several ranks)")
+def test_hang_on_nccl_ranks_is_named_and_stops_the_run(tmp_path: Path) -> None:
+    """NCCL training, rank 1 stuck after step 5: rank 0 waits in the gloo control all-reduce,
+    the watchdog names rank 1 and every rank exits 3, far below the collective timeout."""
+    result = run(
+        [str(VENV_BIN / "phalanx"), "run", "-n", "2", str(SUPPORT / "ckpt_worker.py"),
+         f"run.dir={tmp_path / 'run'}", "train.max_steps=12", "data.batch_size=4",
+         "data.num_workers=0", "fail.hang_at_step=5", "train.hang_timeout_s=3",
+         "dist.timeout_s=300"],
+        timeout=200,
+        env=base_env({"CUDA_VISIBLE_DEVICES": "0,1"}),
+    )  # fmt: skip
+    assert result.returncode != 0 and "exitcode: 3" in result.stderr, result.stderr[-3000:]
+    assert "rank 1 (" in result.stderr and "in on_step_end" in result.stderr
