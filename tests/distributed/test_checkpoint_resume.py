@@ -27,7 +27,7 @@ def launch(
          f"run.dir={run_dir}", *COMMON, *overrides],
         timeout=240,
     )  # fmt: skip
-    return result.returncode, result.stderr[-3000:]
+    return result.returncode, result.stderr[-8000:]
 
 
 def steps_to_ids(run_dir: Path, rank: int) -> dict[int, list[int]]:
