@@ -40,6 +40,17 @@ def test_a_stuck_rank_is_named_and_every_rank_stops(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(200)
+def test_a_rank_stuck_on_its_first_batch_is_named(tmp_path: Path) -> None:
+    # The first step's compute is exempt (compilation), its data and control all-reduce not.
+    code, err = launch(tmp_path / "run", "fail.hang_in_first_batch=true", "data.num_workers=0",
+                       "train.hang_timeout_s=3", "dist.timeout_s=300")  # fmt: skip
+    assert code != 0 and "exitcode: 3" in err, err
+    line = next(x for x in err.splitlines() if "ERROR phalanx.hang: hang:" in x)
+    assert "rank 1 (" in line and "in phase 'data' after step 0" in line
+    assert "in __getitem__" in line and "rank(s) 0 wait in 'sync' after step 0" in line
+
+
+@pytest.mark.timeout(200)
 def test_a_slow_rank_that_makes_progress_is_not_a_hang(tmp_path: Path) -> None:
     # Rank 1 takes 1 s per step, rank 0 waits for it each time: 12 steps, no step longer than
     # the 3 s limit, so no hang may be called.

@@ -41,6 +41,8 @@ class Fail:
     processes (checkpoint writer, data loader workers), then rank 1 SIGUSR2 to itself."""
     hang_at_step: int = 0
     """Rank 1 blocks forever after this optimizer step (a deadlock, as far as peers can tell)."""
+    hang_in_first_batch: bool = False
+    """Rank 1 blocks forever fetching its first sample (needs data.num_workers=0)."""
     slow_rank_s: float = 0.0
     """Rank 1 sleeps this long after every step: slow, but making progress."""
     mark_at_step: int = 0
@@ -84,7 +86,8 @@ class CkptConfig(phalanx.TrainerConfig):
 class Augmented(Dataset[tuple[torch.Tensor, torch.Tensor, int]]):
     """Regression data with noise seeded by the sample index: the same on any worker/rank."""
 
-    def __init__(self) -> None:
+    def __init__(self, hang_first: bool = False) -> None:
+        self.hang_first = hang_first and os.environ.get("RANK") == "1"
         gen = torch.Generator().manual_seed(1)
         self.x = torch.randn(N, DIM, generator=gen)
         self.y = self.x @ torch.randn(DIM, 1, generator=gen)
@@ -93,6 +96,8 @@ class Augmented(Dataset[tuple[torch.Tensor, torch.Tensor, int]]):
         return N
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        if self.hang_first:
+            threading.Event().wait()  # never set: a data source that never answers
         noise = torch.randn(DIM, generator=torch.Generator().manual_seed(1000 + i))
         return self.x[i] + 0.05 * noise, self.y[i], i
 
@@ -150,7 +155,8 @@ def main() -> None:
         if spec.blocks:
             model = Stack(spec.blocks, spec.dropout)
         trainer = phalanx.Trainer(
-            d, model=model, train_data=Augmented(), train_step=step,
+            d, model=model, train_data=Augmented(d.config.fail.hang_in_first_batch),
+            train_step=step,
             optimizer=lambda p: torch.optim.AdamW(p, lr=0.01),
             scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7),
             callbacks=[Recorder(run_dir, rank, d.config.fail)],

@@ -6,9 +6,9 @@ then the error names no rank. Here every rank runs a watchdog thread that publis
 training loop stands (steps done, phase of the step cycle, host, pid) in the process group's
 store. Rank 0's watchdog calls a hang when the slowest rank has completed no step for
 `train.hang_timeout_s` while no rank is in a phase that may legitimately take long (the first
-step, an evaluation, a save). It then asks every rank for its main thread's Python stack, logs
-one line naming the stuck rank and where it is (phalanx.lifecycle.hang_report), writes all
-stacks to `<run dir>/diagnostics/hang-*.txt`, and every rank exits with HANG_EXIT.
+step's compute, an evaluation, a save). It then asks every rank for its main thread's Python
+stack, logs one line naming the stuck rank and where it is (phalanx.lifecycle.hang_report),
+writes all stacks to `<run dir>/diagnostics/hang-*.txt`, and every rank exits with HANG_EXIT.
 
 The training loop only records its position in memory (`beat`, no I/O); the watchdog threads
 talk to the store every `interval_s`. The store is torch's own (c10d clients are thread-safe).
@@ -50,7 +50,7 @@ class HangWatch:
         self.interval_s = min(5.0, max(0.1, timeout_s / 5))
         self.report_dir = report_dir
         self._where = (0, "start", time.monotonic())
-        self._warm = False  # until the first step of this process is done, all is "start"
+        self._warm = False  # until the first step of this process is done (see beat)
         self._main = threading.main_thread().ident
         self._stop = threading.Event()
         self._lowest: tuple[int, float] | None = None  # rank 0: (slowest step, since when)
@@ -58,11 +58,14 @@ class HangWatch:
         self._thread.start()
 
     def beat(self, step: int, phase: str) -> None:
-        """The loop is now in `phase` with `step` optimizer steps done (memory only)."""
+        """The loop is now in `phase` with `step` optimizer steps done (memory only).
+
+        Until this process has completed its first step, that step's compute counts as
+        "start" (exempt: compilation, autotuning, DDP's first bucket pass); its data and
+        control all-reduce do not, so a rank stuck on its first batch is found too."""
         if not self._warm:
-            if phase != "after":
-                return
-            self._warm = True
+            self._warm = phase == "after"
+            phase = "start" if phase == "step" else phase
         if self._where[:2] != (step, phase):
             self._where = (step, phase, time.monotonic())  # one assignment: read whole
 

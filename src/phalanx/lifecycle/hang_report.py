@@ -17,8 +17,9 @@ PHASES = ("after", "data", "sync", "step")
 """The step cycle, in order: after step N (logging, callbacks), fetching data for step N + 1,
 the control all-reduce, then forward/backward/update of step N + 1."""
 EXEMPT = ("start", "eval", "checkpoint")
-"""Phases that may legitimately take long on every rank (warm-up and compilation of the first
-step, a whole evaluation, a save): no hang is called while any rank is in one."""
+"""Phases that may legitimately take long on every rank (set-up before the loop and the compute
+of the first step, with its compilation; a whole evaluation; a save): no hang is called while
+any rank is in one."""
 
 
 @dataclass(frozen=True)
