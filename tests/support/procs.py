@@ -76,9 +76,15 @@ def python_stacks(pids: Sequence[int]) -> str:
         try:
             if b"python" not in Path(f"/proc/{pid}/cmdline").read_bytes():
                 continue
+            # Native frames too: a process stuck inside C code (e.g. a forked DataLoader worker
+            # that never returned from os.fork) shows no Python frame that explains it.
             result = subprocess.run(
-                [str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30
-            )
+                [str(spy), "dump", "--native", "--pid", str(pid)],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            if result.returncode != 0:
+                result = subprocess.run([str(spy), "dump", "--pid", str(pid)],
+                                        capture_output=True, text=True, timeout=30)  # fmt: skip
         except (OSError, subprocess.TimeoutExpired) as error:
             dumps.append(f"--- py-spy dump --pid {pid}: {error}")
             continue
