@@ -70,10 +70,10 @@ class TrainConfig:
     """Print a progress line on rank 0 at every logging point."""
     sync_debug: bool = False
     """CUDA only: fail on any host-device sync inside a training step (from step 3 on)."""
-    hang_timeout_s: float = 300.0
+    hang_timeout_s: float = 0.0
     """Stop the run, naming the stuck rank, when the slowest rank completes no step for this
-    long (evaluations, saves and the first step excepted); 0: off. Keep it below
-    dist.timeout_s, and above the longest step."""
+    long (evaluations, saves and the first step's compute excepted), e.g. 300; 0: off (the
+    default for now, see docs/training.md). Keep it below dist.timeout_s, above the longest step."""
 
     def __post_init__(self) -> None:
         check_choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))
