@@ -36,6 +36,18 @@ def test_default_units_are_the_children_of_module_lists() -> None:
     assert shard_units(net, ()) == list(net.layers)
 
 
+class Experts(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+
+
+def test_default_units_skip_module_lists_nested_in_a_unit() -> None:
+    blocks = nn.ModuleList(Experts() for _ in range(2))
+    net = nn.Sequential(blocks)
+    assert shard_units(net, ()) == list(blocks)  # not also each block's experts
+
+
 def test_named_units_are_the_outermost_modules_of_those_classes() -> None:
     net = Net()
     units = shard_units(net, ("Block", "Sequential"))

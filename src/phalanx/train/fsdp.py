@@ -31,10 +31,10 @@ from phalanx.errors import UsageError
 
 
 def shard_units(model: nn.Module, unit_names: tuple[str, ...]) -> list[nn.Module]:
-    """The modules to shard one by one (root excluded), outermost first.
+    """The modules to shard one by one (root excluded), outermost first, none inside another
+    (fully_shard on a module that an outer unit already manages would fail).
 
-    Named classes: every module of those classes that is not inside another one. Default: the
-    children of every nn.ModuleList.
+    Named classes: the modules of those classes. Default: the children of every nn.ModuleList.
     """
     if unit_names:
         found = {type(m).__name__ for m in model.modules()}
@@ -44,14 +44,15 @@ def shard_units(model: nn.Module, unit_names: tuple[str, ...]) -> list[nn.Module
                 f"train.fsdp_units names {missing}, which the model does not contain; "
                 f"its module classes are {sorted(found)}"
             )
-        units: list[nn.Module] = []
-        for module in model.modules():
-            named = module is not model and type(module).__name__ in unit_names
-            if named and not any(_contains(unit, module) for unit in units):
-                units.append(module)
-        return units
-    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
-    return [child for modules in lists for child in modules.children()]
+        candidates = [m for m in model.modules() if type(m).__name__ in unit_names]
+    else:
+        lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+        candidates = [child for modules in lists for child in modules.children()]
+    units: list[nn.Module] = []
+    for module in candidates:  # model.modules() order: an outer module comes before its parts
+        if module is not model and not any(_contains(unit, module) for unit in units):
+            units.append(module)
+    return units
 
 
 def _contains(outer: nn.Module, inner: nn.Module) -> bool:
