@@ -126,10 +126,13 @@ def test_mpi_without_mpi4py_or_master_addr(no_mpi4py_path: str) -> None:
     )
     assert blocked.returncode == 1 and "ModuleNotFoundError" in blocked.stderr, blocked.stderr
     result = phalanx("info", extra=extra)
-    assert_usage_error(result, ["under mpirun", "pip install mpi4py", "MASTER_ADDR"])
+    assert_usage_error(result, ["several nodes", "pip install mpi4py", "MASTER_ADDR"])
     found = phalanx("info", "--json", extra={**extra, "MASTER_ADDR": "h0"})
     assert found.returncode == 0, found.stderr
     assert json.loads(found.stdout)["launcher"] == "mpi"
+    one_node = phalanx("info", "--json", extra={**extra, **openmpi(0, 2, 0, 2)})
+    assert one_node.returncode == 0, one_node.stderr
+    assert json.loads(one_node.stdout)["master_addr"] == "127.0.0.1"
 
 
 @pytest.mark.parametrize(
@@ -138,8 +141,11 @@ def test_mpi_without_mpi4py_or_master_addr(no_mpi4py_path: str) -> None:
         (["info", "--json"], {}, geometry(0, 0, 1, 1, 0, 1, "127.0.0.1", 0, "local", None)),
         (
             ["info", "--json"],
-            srun(3, 1, 1, SLURMD_NODENAME="node02", MASTER_PORT="2345"),
-            geometry(3, 1, 4, 2, 1, 2, "node01", 2345, "slurm", "4242"),
+            # A first node that resolves: `phalanx info` runs the real NodeAddr lookup.
+            srun(
+                3, 1, 1, nodelist="localhost,node02", SLURMD_NODENAME="node02", MASTER_PORT="2345"
+            ),
+            geometry(3, 1, 4, 2, 1, 2, "localhost", 2345, "slurm", "4242"),
         ),
         (
             ["info", "--json", "--no-slurm"],

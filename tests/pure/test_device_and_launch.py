@@ -194,23 +194,31 @@ def test_torchrun_accepts_the_argv(script: str) -> None:
 
 
 def test_plan_run_fills_in_multi_node_flags_under_srun(script: str) -> None:
-    environ = srun(1, 0, 1, tasks="1(x2)", job="555", step="2", SLURMD_NODENAME="node02")
+    # The first node must resolve here: plan_run runs the real NodeAddr lookup otherwise.
+    environ = srun(
+        1, 0, 1, nodelist="localhost,node02", tasks="1(x2)", job="555", step="2",
+        SLURMD_NODENAME="node02",
+    )  # fmt: skip
     plan = plan_run(RunSpec(nproc_per_node=4, script=script), environ)
     assert (plan.nnodes, plan.node_rank) == (2, 1)
-    assert plan.rdzv_endpoint == f"node01:{derive_port('555', '2')}"
+    assert plan.rdzv_endpoint == f"localhost:{derive_port('555', '2')}"
     assert plan.rdzv_id == "555.2"
     assert "--rdzv-conf=is_host=0" in torchrun_argv(plan)
-    port = {**environ, "MASTER_PORT": "23456", "SLURM_PROCID": "0", "SLURMD_NODENAME": "node01"}
-    plan = plan_run(RunSpec(nproc_per_node=4, script=script), port)
-    assert (plan.node_rank, plan.rdzv_endpoint) == (0, "node01:23456")
+    first = {**environ, "MASTER_PORT": "23456", "SLURM_PROCID": "0", "SLURMD_NODENAME": "localhost"}
+    plan = plan_run(RunSpec(nproc_per_node=4, script=script), first)
+    assert (plan.node_rank, plan.rdzv_endpoint) == (0, "localhost:23456")
 
 
 @pytest.mark.parametrize(
     ("environ", "slurm", "fields"),
     [
-        (srun(0, 0, 0, nodelist="solo", tasks="1"), True, {}),
+        (srun(0, 0, 0, nodelist="localhost", tasks="1"), True, {}),
         (srun(1, 0, 1, tasks="1(x2)"), False, {}),
-        (srun(1, 0, 1, tasks="1(x2)"), True, {"nnodes": 3, "rdzv_endpoint": "mine:1"}),
+        (
+            srun(1, 0, 1, nodelist="localhost,node02", tasks="1(x2)"),
+            True,
+            {"nnodes": 3, "rdzv_endpoint": "mine:1"},
+        ),
         ({}, True, {}),
         (torchrun(0, 0, 1, 1), True, {}),
         (openmpi(0, 2, 0, 1), True, {}),

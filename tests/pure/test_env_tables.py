@@ -22,6 +22,7 @@ from tests.support.envtables import (
     hydra,
     no_mpi4py,
     openmpi,
+    same_name,
     srun,
     torchrun,
 )
@@ -101,7 +102,7 @@ TABLES = {
 
 @pytest.mark.parametrize(("environ", "expected"), TABLES.values(), ids=TABLES.keys())
 def test_table(environ: dict[str, str], expected: dict[str, object]) -> None:
-    assert detect(environ, mpi_exchange=no_mpi4py).as_dict() == expected
+    assert detect(environ, mpi_exchange=no_mpi4py, node_addr=same_name).as_dict() == expected
 
 
 MPI_TABLES = {
@@ -129,6 +130,18 @@ MPI_TABLES = {
         openmpi(3, 4, 1, 2, MASTER_ADDR="a"),
         no_mpi4py,
         geometry(3, 1, 4, 2, 1, 2, "a", derive_port("3245932545", "0"), "mpi", "3245932545"),
+    ),
+    "openmpi-one-node-without-mpi4py": (  # every rank local: rank 0 is on this host
+        openmpi(1, 2, 1, 2),
+        no_mpi4py,
+        geometry(
+            1, 1, 2, 2, 0, 1, "127.0.0.1", derive_port("3245932545", "0"), "mpi", "3245932545"
+        ),
+    ),
+    "hydra-one-node-without-mpi4py": (
+        hydra(2, 3, 2, 3, PMI_JOBID="77"),
+        no_mpi4py,
+        geometry(2, 2, 3, 3, 0, 1, "127.0.0.1", derive_port("77", "0"), "mpi", "77"),
     ),
     "mpich-hydra-mpi4py": (
         hydra(5, 6, 2, 3, PMI_JOBID="77"),
@@ -165,22 +178,33 @@ def test_mpi_table(
 def test_pmi_rank_alone_is_an_srun_task_not_mpi() -> None:
     # srun --mpi=pmi2 exports PMI_RANK/PMI_SIZE for plain tasks; MPI_LOCALRANKID is mpirun's.
     environ = {**srun(3, 1, 1), "PMI_RANK": "3", "PMI_SIZE": "4"}
-    assert detect(environ, mpi_exchange=exchange(["wrong"], 1)).launcher == "slurm"
+    assert (
+        detect(environ, mpi_exchange=exchange(["wrong"], 1), node_addr=same_name).launcher
+        == "slurm"
+    )
 
 
 @pytest.mark.parametrize(
     ("environ", "mpi_exchange", "words"),
     [
-        (openmpi(0, 2, 0, 1), no_mpi4py, ["pip install mpi4py", "MASTER_ADDR"]),
-        (hydra(0, 2, 0, 1), no_mpi4py, ["pip install mpi4py", "MASTER_ADDR"]),
+        (
+            openmpi(0, 2, 0, 1),
+            no_mpi4py,
+            [
+                "2 ranks on several nodes (1 on this one)",
+                "pip install mpi4py",
+                "export MASTER_ADDR",
+            ],
+        ),
+        (hydra(0, 4, 0, 2), no_mpi4py, ["several nodes", "pip install mpi4py", "MASTER_ADDR"]),
         (openmpi(0, 4, 0, 2), exchange(["a", "b"], 1), ["4 MPI ranks", "sees 2"]),
         (openmpi(0, 6, 0, 4, MASTER_ADDR="a"), no_mpi4py, ["6 MPI ranks", "nodes of 4"]),
         (openmpi(0, 2, 0, 1, OMPI_COMM_WORLD_RANK="x"), no_mpi4py, ["OMPI_COMM_WORLD_RANK='x'"]),
         (openmpi(2, 2, 0, 1, MASTER_ADDR="a"), no_mpi4py, ["rank=2 not in 0..1"]),
     ],
     ids=[
-        "openmpi-nothing",
-        "hydra-nothing",
+        "openmpi-two-nodes-nothing",
+        "hydra-two-nodes-nothing",
         "mpi4py-other-mpi",
         "uneven-fill",
         "not-int",
@@ -257,10 +281,12 @@ def test_derived_port_differs_for_the_next_step_and_job() -> None:
 
 def test_every_task_of_a_step_derives_the_same_port() -> None:
     tasks = [srun(rank, rank % 2, rank // 2, job="99", step="3") for rank in range(4)]
-    ports = {detect(environ).master_port for environ in tasks}
+    ports = {detect(environ, node_addr=same_name).master_port for environ in tasks}
     assert ports == {derive_port("99", "3")}
-    assert detect(srun(0, 0, 0, job="99", step="4")).master_port not in ports
-    assert detect(srun(0, 0, 0, job="100", step="3")).master_port not in ports
+    for job, step in (("99", "4"), ("100", "3")):
+        assert (
+            detect(srun(0, 0, 0, job=job, step=step), node_addr=same_name).master_port not in ports
+        )
 
 
 PRIORITY = {
@@ -285,7 +311,7 @@ PRIORITY = {
 
 @pytest.mark.parametrize(("environ", "kwargs", "launcher"), PRIORITY.values(), ids=PRIORITY.keys())
 def test_priority(environ: Env, kwargs: dict[str, object], launcher: str) -> None:
-    env = detect(environ, mpi_exchange=exchange(["h0", "h0"], 45000), **kwargs)  # type: ignore[arg-type]
+    env = detect(environ, mpi_exchange=exchange(["h0", "h0"], 45000), node_addr=same_name, **kwargs)  # type: ignore[arg-type]
     assert env.launcher == launcher
 
 

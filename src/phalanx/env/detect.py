@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from phalanx.env.cluster_env import LAUNCHERS, ClusterEnv
 from phalanx.env.local import from_local
 from phalanx.env.mpi import Exchange, from_mpi, is_mpi, mpi4py_exchange
+from phalanx.env.node_addr import NodeAddr, node_address
 from phalanx.env.slurm import from_slurm, is_slurm_step, step_tasks_on_this_node
 from phalanx.env.torchrun import from_torchrun, is_torchrun
 from phalanx.errors import UsageError
@@ -31,12 +32,14 @@ def detect(
     launcher: str = "auto",
     slurm: bool = True,
     mpi_exchange: Exchange = mpi4py_exchange,
+    node_addr: NodeAddr = node_address,
 ) -> ClusterEnv:
     """Detect the environment of this process.
 
     `launcher` forces one of LAUNCHERS instead of "auto"; `slurm=False` ignores SLURM variables
     (e.g. for a local test run inside an allocation). Under MPI without MASTER_ADDR this is a
-    collective call (see phalanx.env.mpi).
+    collective call (see phalanx.env.mpi). Under srun without MASTER_ADDR, `node_addr` turns
+    the first node's name into an address (it may ask `scontrol show node`).
     """
     environ = os.environ if environ is None else environ
     if launcher != "auto" and launcher not in LAUNCHERS:
@@ -63,7 +66,7 @@ def detect(
         return from_torchrun(environ)
     if chosen == "mpi":
         return from_mpi(environ, mpi_exchange)
-    return from_slurm(environ) if chosen == "slurm" else from_local(environ)
+    return from_slurm(environ, node_addr) if chosen == "slurm" else from_local(environ)
 
 
 def refuse_nested_launch(environ: Mapping[str, str], *, what: str) -> None:

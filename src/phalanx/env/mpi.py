@@ -2,7 +2,8 @@
 
 MPI exports ranks but no rendezvous address. With mpi4py installed, every rank shares its host
 name and its node through MPI (exact node layout, rank 0's host and a free port of it); without
-it, MASTER_ADDR must be exported to all ranks and nodes are assumed to be filled block-wise.
+it, a job whose ranks all run on one node meets at 127.0.0.1, and a multi-node job needs
+MASTER_ADDR exported to all ranks (nodes are then assumed to be filled block-wise).
 Under OpenMPI a node is what its runtime calls one (the daemon a rank belongs to), not a host
 name alone: two containers or two slurmd instances on one machine may share a name.
 """
@@ -82,11 +83,14 @@ def from_mpi(environ: Mapping[str, str], exchange: Exchange = mpi4py_exchange) -
         master_addr = environ.get("MASTER_ADDR") or hosts[0]
     else:
         master_addr = environ.get("MASTER_ADDR", "")
-        if not master_addr:
+        if not master_addr and local_world_size != world_size:
             raise UsageError(
-                "under mpirun phalanx needs rank 0's host: pip install mpi4py (phalanx then shares "
+                f"mpirun runs {world_size} ranks on several nodes ({local_world_size} on this "
+                "one), so phalanx needs rank 0's host: pip install mpi4py (phalanx then shares "
                 "it through MPI), or export MASTER_ADDR=<host of rank 0> (mpirun -x MASTER_ADDR)"
             )
+        # Every rank on this node: rank 0 is here too.
+        master_addr = master_addr or "127.0.0.1"
         if local_world_size < 1 or world_size % local_world_size:
             raise UsageError(
                 f"{world_size} MPI ranks do not fill nodes of {local_world_size} evenly; "

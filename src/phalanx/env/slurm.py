@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping
+from dataclasses import replace
 
 from phalanx.env.cluster_env import ClusterEnv, read_int, read_port
 from phalanx.env.hostlist import expand_hostlist, expand_tasks_per_node
+from phalanx.env.node_addr import NodeAddr, node_address
 from phalanx.errors import UsageError
 
 PORT_BASE, PORT_SPAN = 15000, 15000
@@ -72,8 +74,12 @@ def _node_rank(environ: Mapping[str, str], hosts: list[str]) -> int:
     return node_rank
 
 
-def from_slurm(environ: Mapping[str, str]) -> ClusterEnv:
-    """Geometry of this srun task; counts come from SLURM_STEP_*, never the job-level ones."""
+def from_slurm(environ: Mapping[str, str], node_addr: NodeAddr = node_address) -> ClusterEnv:
+    """Geometry of this srun task; counts come from SLURM_STEP_*, never the job-level ones.
+
+    Rank 0's host is MASTER_ADDR when set, else the step's first node through `node_addr`
+    (its name, or SLURM's NodeAddr where the name does not resolve).
+    """
 
     def read(name: str) -> int:
         return read_int(environ, name, launcher="slurm")
@@ -89,7 +95,7 @@ def from_slurm(environ: Mapping[str, str]) -> ClusterEnv:
     node_rank = _node_rank(environ, hosts)
     job_id = environ.get("SLURM_JOB_ID", "0")
     step_id = environ["SLURM_STEP_ID"]
-    return ClusterEnv(
+    env = ClusterEnv(
         rank=read("SLURM_PROCID"),
         local_rank=read("SLURM_LOCALID"),
         world_size=world_size,
@@ -101,3 +107,6 @@ def from_slurm(environ: Mapping[str, str]) -> ClusterEnv:
         launcher="slurm",
         job_id=environ.get("SLURM_JOB_ID"),
     )
+    # Looked up once the geometry is valid: a lookup may ask slurmctld, an inconsistent
+    # environment should fail without it.
+    return env if environ.get("MASTER_ADDR") else replace(env, master_addr=node_addr(hosts[0]))
