@@ -8,13 +8,16 @@ node's local rank 0 its diagnostics.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import faulthandler
+import json
 import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from phalanx.config.schema import Config, DistConfig
 from phalanx.dist.collectives import barrier, broadcast_object
 from phalanx.dist.logging import setup_logging
 from phalanx.dist.process_group import Dist, init_group, shutdown
-from phalanx.env import ClusterEnv
+from phalanx.env import ClusterEnv, is_first_process
 from phalanx.errors import UsageError
 from phalanx.lifecycle.preemption import RunInterrupted
 from phalanx.rundir.diagnostics import write_diagnostics
@@ -83,8 +86,12 @@ def _open_run(handle: Dist, config: Config) -> Dist:
 
 @contextmanager
 def distributed(config: Config | DistConfig | None = None) -> Iterator[Dist]:
-    """`with phalanx.distributed(cfg) as d:` -- init on entry, teardown on exit, also on errors."""
-    handle = init(config)
+    """`with phalanx.distributed(cfg) as d:` -- init on entry, teardown on exit, also on errors.
+
+    A UsageError while the run starts (launcher set-up, rank 0's address, the rendezvous, a
+    missing package) ends the process with exit code 2 and one line per job, no traceback.
+    """
+    handle = _start(config)
     code = 0
     try:
         yield handle
@@ -104,6 +111,33 @@ def distributed(config: Config | DistConfig | None = None) -> Iterator[Dist]:
         # Raised outside the except block: the failed frames (models, loaders) are released
         # now, not at interpreter exit after the process group is gone.
         raise SystemExit(code)
+
+
+def _start(config: Config | DistConfig | None) -> Dist:
+    try:
+        return init(config)
+    except UsageError as error:
+        report_start_error(error, os.environ)
+        raise SystemExit(2) from None
+
+
+def report_start_error(error: UsageError, environ: Mapping[str, str]) -> None:
+    """One line per job for an error that stops a run before it starts.
+
+    Such an error is the same on every process, so only the job's first process prints it
+    (phalanx.env.is_first_process); an error only this rank can report (it cannot reach rank
+    0) says so itself. Under torchrun every worker also writes the line into its error file,
+    which torchrun's failure summary shows instead of a link to its documentation.
+    """
+    line = f"error: {error}"
+    path = environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        # The layout of torch's own ErrorHandler.record_exception, minus the traceback.
+        record = {"message": {"message": line, "extraInfo": {"timestamp": str(int(time.time()))}}}
+        with contextlib.suppress(OSError):
+            Path(path).write_text(json.dumps(record))
+    if getattr(error, "every_rank", False) or is_first_process(environ):
+        print(line, file=sys.stderr, flush=True)
 
 
 def teardown(*, failed: bool, timeout_s: float = TEARDOWN_TIMEOUT_S) -> None:

@@ -63,6 +63,7 @@ BAD = [
     (["dist.launcher=pbs"], "is not one of: auto, torchrun, mpi, slurm, local"),
     (["dist.launcher=slurm", "dist.slurm=false"], "conflicts with dist.slurm=false"),
     (["dist.timeout_s=0"], "must be > 0"),
+    (["dist.rendezvous_timeout_s=-1"], "dist.rendezvous_timeout_s=-1.0 must be > 0"),
     (["train=3"], "names no section"),
     (["run.name=a/b"], "run.name='a/b' must be letters"),
 ]

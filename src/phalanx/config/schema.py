@@ -39,6 +39,10 @@ class DistConfig:
     """Collective backend: auto (NCCL on CUDA, gloo on CPU), nccl or gloo."""
     timeout_s: float = 600.0
     """Seconds a collective waits for the slowest rank before failing instead of hanging."""
+    rendezvous_timeout_s: float = 300.0
+    """Seconds every rank may take to reach rank 0 when the job starts (under srun, mpirun or
+    MASTER_ADDR by hand); then one line names the ranks that did not arrive. Generous: on a
+    busy cluster python and torch may take minutes to import on every node."""
     launcher: Launcher = "auto"
     """Force a launcher instead of detecting it: auto, torchrun, mpi, slurm, local."""
     slurm: bool = True
@@ -51,6 +55,10 @@ class DistConfig:
         check_choice("dist.launcher", self.launcher, ("auto", "torchrun", "mpi", "slurm", "local"))
         if not self.timeout_s > 0:
             raise UsageError(f"config dist.timeout_s={self.timeout_s} must be > 0 seconds")
+        if not self.rendezvous_timeout_s > 0:
+            raise UsageError(
+                f"config dist.rendezvous_timeout_s={self.rendezvous_timeout_s} must be > 0 seconds"
+            )
         if self.launcher == "slurm" and not self.slurm:
             raise UsageError(
                 "config dist.launcher='slurm' conflicts with dist.slurm=false; drop one of them"

@@ -16,8 +16,9 @@ import torch.distributed as dist
 from phalanx.config.schema import Config, DistConfig
 from phalanx.dist.device import select_backend, select_device
 from phalanx.dist.logging import setup_logging
-from phalanx.env.spawned import refuse_spawned_import
+from phalanx.dist.rendezvous import join_store
 from phalanx.env import ClusterEnv, detect
+from phalanx.env.spawned import refuse_spawned_import
 from phalanx.errors import UsageError
 from phalanx.rundir.layout import RunDir
 
@@ -72,12 +73,13 @@ def init_group(config: DistConfig | None = None, *, env: ClusterEnv | None = Non
             world_size=env.world_size, timeout=timeout, device_id=device_id,
         )  # fmt: skip
     else:
-        # Other launchers (and torchrun without an agent store) meet at rank 0's host.
-        method = "env://" if env.launcher == "torchrun" else _tcp_url(env)
+        # Other launchers (and torchrun without an agent store) meet at rank 0's host, with a
+        # deadline of their own: torch's rendezvous would wait `timeout` and name no one.
+        store = join_store(env, deadline_s=config.rendezvous_timeout_s, timeout=timeout)
         dist.init_process_group(
-            backend, init_method=method, rank=env.rank, world_size=env.world_size,
+            backend, store=store, rank=env.rank, world_size=env.world_size,
             timeout=timeout, device_id=device_id,
-        )
+        )  # fmt: skip
     atexit.register(shutdown)
     log.debug("joined %s group of %d ranks on %s", backend, env.world_size, device)
     return Dist(env=env, device=device, backend=backend)
@@ -97,11 +99,6 @@ def _attempt_store(env: ClusterEnv, timeout: timedelta) -> Any:
     )  # fmt: skip
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"phalanx/attempt-{attempt}/", client)  # type: ignore[attr-defined]
-
-
-def _tcp_url(env: ClusterEnv) -> str:
-    host = f"[{env.master_addr}]" if ":" in env.master_addr else env.master_addr
-    return f"tcp://{host}:{env.master_port}"
 
 
 def shutdown() -> None:

@@ -1,7 +1,7 @@
 """Where am I: one frozen ClusterEnv per process, detected in an explicit order. No torch here."""
 
 from phalanx.env.cluster_env import FIELDS, LAUNCHERS, ClusterEnv
-from phalanx.env.detect import detect, refuse_nested_launch
+from phalanx.env.detect import detect, is_first_process, refuse_nested_launch
 from phalanx.env.hostlist import expand_hostlist, expand_tasks_per_node
 
 __all__ = [
@@ -11,5 +11,6 @@ __all__ = [
     "detect",
     "expand_hostlist",
     "expand_tasks_per_node",
+    "is_first_process",
     "refuse_nested_launch",
 ]

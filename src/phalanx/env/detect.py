@@ -85,3 +85,26 @@ def refuse_nested_launch(environ: Mapping[str, str], *, what: str) -> None:
             f"would spawn its own workers (double spawn); use 'srun --ntasks-per-node=1' with "
             f"{what}, or drop {what} and let srun start one task per GPU"
         )
+
+
+def is_first_process(environ: Mapping[str, str]) -> bool:
+    """True in the one process that speaks for the whole job when its start fails.
+
+    A start-up error (bad launcher set-up, missing package) is the same on every process, and
+    may come before the geometry is known; its line is printed by the process that is rank 0
+    under every launcher it runs under. torchrun's RANK counts the whole job only when its
+    rendezvous spans several agents; a torchrun confined to one srun task or MPI rank (the
+    double spawn) numbers its workers from 0 again, so the outer rank must be 0 as well.
+    """
+    names = ["RANK"] if is_torchrun(environ) else []
+    if not names or environ.get("GROUP_WORLD_SIZE", "1").strip() == "1":
+        if is_mpi(environ):
+            # MPI ranks count the whole job; SLURM variables under mpirun are inherited ones.
+            names.append(
+                "OMPI_COMM_WORLD_RANK" if "OMPI_COMM_WORLD_RANK" in environ else "PMI_RANK"
+            )
+        elif is_slurm_step(environ):
+            names.append("SLURM_PROCID")
+    # A value that is no integer is the same on every process: it cannot tell them apart.
+    values = [environ.get(name, "").strip() for name in names]
+    return all(value == "0" or not value.isdigit() for value in values)
