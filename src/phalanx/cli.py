@@ -41,7 +41,10 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
         metavar="N",
         help="processes on this node (one per GPU)",
     )
-    run.add_argument("--nnodes", type=int, default=1, metavar="M", help="number of nodes")
+    run.add_argument("--nnodes", default="1", metavar="M|MIN:MAX",
+                     help="number of nodes; MIN:MAX is elastic: a lost node's peers restart "
+                     "without it (needs --max-restarts), a returning node joins at the next "
+                     "restart")  # fmt: skip
     run.add_argument(
         "--node-rank",
         type=int,
@@ -57,6 +60,9 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     run.add_argument("--rdzv-id", default="phalanx", help="id shared by all nodes of one job")
     run.add_argument("--max-restarts", type=int, default=0, help="elastic restarts on failure")
+    run.add_argument("--rdzv-conf", default="", metavar="KEY=VALUE,...",
+                     help="c10d rendezvous settings in seconds, e.g. last_call_timeout=5,"
+                     "keep_alive_interval=1 (how fast a lost node is noticed)")  # fmt: skip
     run.add_argument("--no-slurm", action="store_true", help="ignore SLURM variables")
     run.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module")
     run.add_argument("script", help="training script (or module with -m)")
@@ -142,20 +148,24 @@ def build_parser() -> _Parser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from phalanx.launch.local import RunSpec, exec_torchrun, plan_run, resolve_config
+    from phalanx.launch import local
 
-    spec = RunSpec(
+    min_nodes, nnodes = local.parse_nnodes(args.nnodes)
+    spec = local.RunSpec(
         nproc_per_node=args.nproc_per_node,
         script=args.script,
         script_args=tuple(args.args),
         module=args.module,
-        nnodes=args.nnodes,
+        nnodes=nnodes,
+        min_nodes=min_nodes,
         node_rank=args.node_rank,
         rdzv_endpoint=args.rdzv_endpoint,
         rdzv_id=args.rdzv_id,
         max_restarts=args.max_restarts,
+        rdzv_conf=tuple(item for item in args.rdzv_conf.split(",") if item),
     )
-    exec_torchrun(resolve_config(plan_run(spec, os.environ, slurm=not args.no_slurm)))
+    plan = local.plan_run(spec, os.environ, slurm=not args.no_slurm)
+    local.exec_torchrun(local.resolve_config(plan))
     return 0  # not reached: exec_torchrun replaces the process
 
 

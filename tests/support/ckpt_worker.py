@@ -3,8 +3,9 @@ a record of the sample ids of every step, and a self-inflicted SIGKILL at a chos
 
     phalanx run -n 2 ckpt_worker.py run.dir=DIR [fail.kill_at_step=7] [overrides...]
 
-Writes into the run directory: ids-rank-K.jsonl (one line per step: step and sample ids),
-starts-rank-K.txt (the first step of each start), final.pt (rank 0, the final model).
+Writes into the run directory: ids-rank-K.jsonl (one line per step: step, sample ids, epoch,
+world size, pid), starts-rank-K.txt (the first step of each start), final.pt (rank 0, the final
+model).
 """
 
 from __future__ import annotations
@@ -142,7 +143,9 @@ def main() -> None:
 
         def step(model: nn.Module, batch: Any) -> torch.Tensor:
             x, y, ids = batch
-            record = {"step": trainer.state.step + 1, "ids": ids.tolist()}
+            state = trainer.state
+            record = {"step": state.step + 1, "ids": ids.tolist(), "epoch": state.epoch,
+                      "world": d.env.world_size, "pid": os.getpid()}  # fmt: skip
             ids_file.write(json.dumps(record) + "\n")
             ids_file.flush()
             return nn.functional.mse_loss(model(x), y)

@@ -37,7 +37,9 @@ class RunSpec:
     module: bool = False
     """Run `script` as a module (python -m)."""
     nnodes: int = 1
-    """Number of nodes, each running one `phalanx run`."""
+    """Number of nodes, each running one `phalanx run`; with min_nodes, the most nodes."""
+    min_nodes: int | None = None
+    """Elastic membership (`--nnodes MIN:MAX`): the job goes on while this many nodes remain."""
     node_rank: int | None = None
     """This node's index; node 0 hosts the rendezvous (optional with resolvable host names)."""
     rdzv_endpoint: str | None = None
@@ -46,6 +48,8 @@ class RunSpec:
     """Id shared by all nodes of one job."""
     max_restarts: int = 0
     """Elastic restarts of the whole worker group after a failure."""
+    rdzv_conf: tuple[str, ...] = ()
+    """KEY=VALUE settings of the c10d rendezvous (timeouts, keep-alive), see RDZV_CONF_KEYS."""
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1:
@@ -54,6 +58,7 @@ class RunSpec:
             )
         if self.nnodes < 1:
             raise UsageError(f"--nnodes must be >= 1, got {self.nnodes}")
+        _check_elastic(self)
         if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
             raise UsageError(f"--node-rank {self.node_rank} is not in 0..{self.nnodes - 1}")
         if self.max_restarts < 0:
@@ -71,6 +76,43 @@ class RunSpec:
                 )
         if not self.module and not os.path.isfile(self.script):
             raise UsageError(f"script {self.script!r} not found; pass a Python file or -m MODULE")
+
+
+RDZV_CONF_KEYS = (
+    "join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
+    "keep_alive_max_attempt", "read_timeout",
+)  # fmt: skip
+"""torchrun's c10d rendezvous settings `--rdzv-conf` accepts, all whole seconds or counts (is_host
+comes from --node-rank)."""
+
+
+def parse_nnodes(text: str) -> tuple[int | None, int]:
+    """`--nnodes N` or `--nnodes MIN:MAX` as (min_nodes or None, nnodes)."""
+    low, colon, high = text.partition(":")
+    if not (low.isdigit() and (high.isdigit() or not colon)):
+        raise UsageError(f"--nnodes {text!r} is not a number N or a range MIN:MAX (e.g. 1:2)")
+    return (int(low), int(high)) if colon else (None, int(low))
+
+
+def _check_elastic(spec: RunSpec) -> None:
+    if spec.min_nodes is not None:
+        span = f"--nnodes {spec.min_nodes}:{spec.nnodes}"
+        if not 1 <= spec.min_nodes <= spec.nnodes:
+            raise UsageError(f"{span}: MIN must be between 1 and MAX (e.g. --nnodes 1:2)")
+        if spec.min_nodes < spec.nnodes and spec.max_restarts < 1:
+            raise UsageError(
+                f"{span} survives a lost node only by restarting: add --max-restarts K (K >= 1)"
+            )
+    for item in spec.rdzv_conf:
+        key, _, value = item.partition("=")
+        if key not in RDZV_CONF_KEYS:
+            raise UsageError(
+                f"--rdzv-conf {item!r}: unknown key {key!r}; valid: {', '.join(RDZV_CONF_KEYS)}"
+            )
+        if not value.isdigit() or int(value) < 1:
+            raise UsageError(f"--rdzv-conf {item!r}: the value must be a whole number >= 1")
+    if spec.rdzv_conf and spec.nnodes == 1 and spec.rdzv_endpoint is None:
+        raise UsageError("--rdzv-conf applies to the c10d rendezvous of --nnodes > 1 only")
 
 
 def _outer_tasks_on_node(environ: Mapping[str, str]) -> tuple[str, int]:
@@ -114,16 +156,20 @@ def torchrun_argv(spec: RunSpec) -> list[str]:
     if spec.nnodes == 1 and spec.rdzv_endpoint is None:
         argv.append("--standalone")
     else:
+        nnodes = f"{spec.nnodes}" if spec.min_nodes is None else f"{spec.min_nodes}:{spec.nnodes}"
         argv += [
-            f"--nnodes={spec.nnodes}",
+            f"--nnodes={nnodes}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={spec.rdzv_endpoint}",
             f"--rdzv-id={spec.rdzv_id}",
         ]
+        conf = list(spec.rdzv_conf)
         if spec.node_rank is not None:
             # c10d elects the store host by comparing host names; an explicit node rank makes
             # that choice exact where names are ambiguous (containers, several NICs).
-            argv.append(f"--rdzv-conf=is_host={int(spec.node_rank == 0)}")
+            conf.insert(0, f"is_host={int(spec.node_rank == 0)}")
+        if conf:
+            argv.append(f"--rdzv-conf={','.join(conf)}")
     if spec.max_restarts:
         argv.append(f"--max-restarts={spec.max_restarts}")
     if spec.module:
@@ -168,6 +214,23 @@ def resolve_run_dir(script: str, args: Sequence[str], *, module: bool = False) -
     return Path(lines[-1][len(RUN_DIR_LINE) :])
 
 
+def torchrun_environ(spec: RunSpec, environ: Mapping[str, str]) -> dict[str, str]:
+    """torchrun's environment: `environ`, and across nodes one fresh worker store per round.
+
+    By default (torch >= 2.4) the workers of every rendezvous round share one TCPStore, served
+    by the rank-0 agent for its whole life, with no prefix per round: keys of a dead round (gloo
+    addresses) stay readable. phalanx's single-node fix, a prefix per TORCHELASTIC_RESTART_COUNT,
+    does not hold across nodes: that count is per agent, a node that joins later starts at 0 and
+    a restart for a returning node does not advance it, so ranks of one round could pick
+    different prefixes and never meet. Without sharing, rank 0 of each round serves a new store
+    on a new port that every agent reads from the round's own rendezvous keys.
+    """
+    env = dict(environ)
+    if spec.nnodes > 1 or spec.rdzv_endpoint is not None:
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return env
+
+
 def exec_torchrun(spec: RunSpec) -> None:
     """Replace this process with torchrun, so signals and the exit code pass straight through."""
     command = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(spec)]
@@ -176,4 +239,4 @@ def exec_torchrun(spec: RunSpec) -> None:
     # exec by torchrun; the workers install phalanx's own handler.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     sys.stdout.flush()
-    os.execv(sys.executable, command)
+    os.execve(sys.executable, command, torchrun_environ(spec, os.environ))
