@@ -108,6 +108,8 @@ def test_bad_input(
         (["--nnodes", "2", "--rdzv-endpoint", "node01:99999"], ["'node01:99999'"]),
         (["--nnodes", "2", "--rdzv-endpoint", "n:1", "--node-rank", "2"], ["--node-rank 2"]),
         (["--max-restarts", "-1"], ["--max-restarts must be >= 0"]),
+        (["--nnodes", "3:2"], ["--nnodes 3:2: MIN must be between 1 and MAX"]),
+        (["--nnodes", "1:2", "--rdzv-endpoint", "n:1"], ["add --max-restarts K"]),
     ],
 )
 def test_bad_run_flags(script: str, flags: list[str], words: list[str]) -> None:

@@ -9,7 +9,7 @@ from phalanx.cli import build_parser
 EXPECTED = {
     "run": {
         "-h", "--help", "-n", "--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint",
-        "--rdzv-id", "--max-restarts", "--no-slurm", "-m", "--module",
+        "--rdzv-id", "--max-restarts", "--rdzv-conf", "--no-slurm", "-m", "--module",
     },
     "info": {"-h", "--help", "--json", "--launcher", "--no-slurm"},
     "export": {"-h", "--help"},
