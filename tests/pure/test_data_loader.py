@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import Counter
 from typing import Any
 
@@ -9,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from phalanx import UsageError
+from phalanx import DataConfig, UsageError
 from phalanx.data import (
     EvalSampler,
     GlobalOrderSampler,
@@ -18,6 +20,8 @@ from phalanx.data import (
     make_eval_loader,
     make_train_loader,
 )
+from phalanx.data.loader import start_workers
+from phalanx.dist.forking import preload_forkserver, script_packages
 from tests.support.envtables import single_node
 
 Loader = DataLoader[tuple[torch.Tensor, ...]]
@@ -102,3 +106,70 @@ def test_streams_are_refused_with_the_way_to_shard_them() -> None:
 def test_negative_worker_count_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="num_workers=-1"):
         make_eval_loader(dataset(4), env=single_node(0, 1), batch_size=2, num_workers=-1)
+
+
+class ParentPids(torch.utils.data.Dataset[int]):
+    """Each sample is the pid of the process that forked the worker loading it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        return os.getppid()
+
+
+@pytest.mark.timeout(120)
+def test_workers_start_from_a_fork_server_never_from_the_training_process() -> None:
+    def parents(**kw: Any) -> set[int]:
+        loader = make_eval_loader(
+            ParentPids(), env=single_node(0, 1), batch_size=2, num_workers=2, **kw
+        )
+        assert loader.multiprocessing_context is not None
+        return {int(pid) for batch in start_workers(loader) for pid in batch}
+
+    from_server = parents()
+    assert len(from_server) == 1 and os.getpid() not in from_server
+    assert parents(worker_start="fork") == {os.getpid()}  # the unsafe choice is still there
+    assert parents() == from_server  # one server, started once
+
+
+@pytest.mark.timeout(120)
+def test_an_unpicklable_collate_fn_is_one_line_naming_the_fix() -> None:
+    loader = make_eval_loader(
+        dataset(4), env=single_node(0, 1), batch_size=2, num_workers=1,
+        collate_fn=lambda batch: batch,
+    )  # fmt: skip
+    with pytest.raises(UsageError, match=r"forkserver start\) need a picklable .*num_workers=0"):
+        start_workers(loader)
+
+
+def test_an_unknown_start_method_is_refused() -> None:
+    with pytest.raises(UsageError, match=r"worker_start='vfork' .* forkserver, spawn, fork"):
+        make_eval_loader(dataset(4), env=single_node(0, 1), batch_size=2, worker_start="vfork")
+    with pytest.raises(UsageError, match=r"data\.worker_start='thread'"):
+        DataConfig(worker_start="thread")
+
+
+class SignalDispositions(torch.utils.data.Dataset[bool]):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> bool:
+        return (
+            signal.getsignal(signal.SIGUSR2) == signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        )
+
+
+@pytest.mark.timeout(120)
+def test_workers_ignore_preemption_signals_from_birth() -> None:
+    """SLURM signals every process of a step; the fork server's children inherit SIG_IGN."""
+    preload_forkserver()
+    loader = DataLoader(SignalDispositions(), num_workers=1, multiprocessing_context="forkserver")
+    assert [bool(b) for b in loader] == [True, True]
+
+
+def test_the_fork_server_preloads_the_packages_the_script_imported() -> None:
+    names = script_packages()
+    # This process's __main__ is pytest's: `from pytest import console_main as _console_main`.
+    assert {"torch", "phalanx", "_pytest"} <= set(names)
+    assert "builtins" not in names and all("." not in name for name in names)

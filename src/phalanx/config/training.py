@@ -99,6 +99,11 @@ class TrainConfig:
             _at_least(key, value, low)
 
 
+WORKER_STARTS = ("forkserver", "spawn", "fork")
+"""How DataLoader workers start: from a fork server, a fresh interpreter each, or a fork of the
+training process (fast, but it can deadlock while other threads run; see phalanx.data.loader)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """Data loaders."""
@@ -115,11 +120,19 @@ class DataConfig:
     """Drop the last, incomplete global batch of each epoch."""
     pin_memory: bool = True
     """Pin batches in page-locked memory for asynchronous copies to the GPU (CUDA only)."""
+    worker_start: str = "forkserver"
+    """How worker processes start: forkserver (from a clean helper process; needs a picklable
+    data set and collate_fn), spawn, or fork (can deadlock beside the run's threads)."""
 
     def __post_init__(self) -> None:
         _at_least("data.batch_size", self.batch_size, 1)
         _at_least("data.eval_batch_size", self.eval_batch_size, 0)
         _at_least("data.num_workers", self.num_workers, -1)
+        if self.worker_start not in WORKER_STARTS:
+            raise UsageError(
+                f"config data.worker_start={self.worker_start!r} is not one of "
+                f"{', '.join(WORKER_STARTS)}; forkserver is safe beside threads and fast"
+            )
 
 
 ASYNC_WRITERS = ("process", "thread")

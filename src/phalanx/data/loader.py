@@ -4,26 +4,71 @@ Thin on purpose: everything here is a plain `torch.utils.data.DataLoader`; a use
 other options builds one from `GlobalOrderSampler` / `EvalSampler` and `worker_init_fn` directly.
 The training loader's sampler is `loader.sampler` (a GlobalOrderSampler): call `set_epoch`, and
 save `state(global_index_after(steps))` in checkpoints.
+
+Workers start through a fork server by default (`worker_start="forkserver"`), never by forking
+the training process: that process runs threads (gloo's, the hang watch, pin memory, a checkpoint
+writer), and a child forked while one of them holds a lock can wait on it forever. CPython 3.11
+does exactly that when a thread is creating or deleting its thread state at the moment of fork
+(the child blocks on the interpreter's HEAD_LOCK in `PyOS_AfterFork_Child`;
+benchmarks/fork_stress.py reproduces it). The server is one clean, single-threaded process that
+imported the training script once; workers fork from it in milliseconds. The price: the data
+set, collate function and worker_init_fn must be picklable (see `start_workers`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sized
+import pickle
+import warnings
+from collections.abc import Callable, Iterator, Sized
 from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
+from phalanx.config.training import WORKER_STARTS
 from phalanx.data.eval import EvalSampler
 from phalanx.data.iterable import ShardedIterable
 from phalanx.data.sampler import GlobalOrderSampler, mix_seed
 from phalanx.data.seeding import default_num_workers, worker_init_fn
+from phalanx.dist.forking import preload_forkserver
 from phalanx.env import ClusterEnv
 from phalanx.errors import UsageError
 
 T = TypeVar("T")
 
 Collate = Callable[[list[T]], Any]
+
+
+def check_worker_start(worker_start: str) -> None:
+    if worker_start not in WORKER_STARTS:
+        raise UsageError(
+            f"worker_start={worker_start!r} is not a start method; use one of "
+            f"{', '.join(WORKER_STARTS)} (forkserver is safe beside threads and fast)"
+        )
+
+
+def start_workers(loader: DataLoader[T]) -> Iterator[Any]:
+    """`iter(loader)`, with a one-line UsageError when a worker cannot receive the data set.
+
+    A fork server or spawned worker gets the data set, collate_fn and worker_init_fn pickled;
+    a lambda or a class defined inside a function cannot be, and Python's own error names
+    neither the loader nor the fix.
+    """
+    try:
+        with warnings.catch_warnings():
+            # torch's own hint about pickling (and Python 3.14) is replaced by the line below.
+            warnings.filterwarnings("ignore", message="Got pickle error", category=UserWarning)
+            return iter(loader)
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        if "pickle" not in str(error).lower():
+            raise
+        method = loader.multiprocessing_context
+        start = method.get_start_method() if method is not None else "default"
+        raise UsageError(
+            f"DataLoader workers ({start} start) need a picklable data set, collate_fn and "
+            f"worker_init_fn, but: {error}; define them at module level (no lambdas or local "
+            "classes), or set data.num_workers=0, or data.worker_start=fork (unsafe beside threads)"
+        ) from None
 
 
 def _dataset_len(dataset: Dataset[T], what: str) -> int:
@@ -46,11 +91,15 @@ def _loader(
     collate_fn: Collate[T] | None,
     pin_memory: bool | None,
     persistent: bool,
+    worker_start: str,
 ) -> DataLoader[T]:
     seed, epoch = seeding
     workers = default_num_workers(env.local_world_size) if num_workers is None else num_workers
     if workers < 0:
         raise UsageError(f"num_workers={workers} must be >= 0 (0 loads in the main process)")
+    check_worker_start(worker_start)
+    if workers and worker_start == "forkserver":
+        preload_forkserver()  # before the server starts: workers then start in milliseconds
     return DataLoader(
         dataset,
         batch_size=batch_size,
@@ -61,6 +110,7 @@ def _loader(
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         worker_init_fn=worker_init_fn(seed, env.rank, epoch=epoch) if workers else None,
         persistent_workers=persistent and workers > 0,
+        multiprocessing_context=worker_start if workers else None,
         # Each new iterator draws its workers' base seed from this generator; without one it
         # draws from the global torch RNG and shifts the main process's dropout stream.
         generator=torch.Generator().manual_seed(mix_seed(seed, env.rank)),
@@ -79,14 +129,15 @@ def make_train_loader(
     collate_fn: Collate[T] | None = None,
     pin_memory: bool | None = None,
     start: tuple[int, int] = (0, 0),
+    worker_start: str = "forkserver",
 ) -> DataLoader[T]:
     """A training DataLoader of this rank's share of the global order, resumable on any world size.
 
     `batch_size` is per rank; `start=(epoch, global_index)` is a position saved from
     `loader.sampler.state(...)`. `num_workers=None` takes `default_num_workers`; workers are
     persistent (no restart cost per epoch) and seeded per (seed, rank, worker). `pin_memory=None`
-    pins when CUDA is available. With drop_last=False ranks may get different numbers of
-    batches in the last step; see GlobalOrderSampler.
+    pins when CUDA is available; `worker_start` is one of WORKER_STARTS. With drop_last=False
+    ranks may get different numbers of batches in the last step; see GlobalOrderSampler.
     """
     epoch, global_index = start
     sampler = GlobalOrderSampler(
@@ -110,6 +161,7 @@ def make_train_loader(
         collate_fn=collate_fn,
         pin_memory=pin_memory,
         persistent=True,
+        worker_start=worker_start,
     )
 
 
@@ -122,6 +174,7 @@ def make_eval_loader(
     collate_fn: Collate[T] | None = None,
     pin_memory: bool | None = None,
     seed: int = 0,
+    worker_start: str = "forkserver",
 ) -> DataLoader[T]:
     """An evaluation DataLoader over this rank's unpadded contiguous shard (see EvalSampler).
 
@@ -142,6 +195,7 @@ def make_eval_loader(
         collate_fn=collate_fn,
         pin_memory=pin_memory,
         persistent=False,
+        worker_start=worker_start,
     )
 
 
@@ -154,6 +208,7 @@ def make_iterable_loader(
     num_workers: int | None = None,
     collate_fn: Collate[T] | None = None,
     pin_memory: bool | None = None,
+    worker_start: str = "forkserver",
 ) -> DataLoader[T]:
     """A training DataLoader over a stream, sharded across ranks AND this rank's workers.
 
@@ -167,4 +222,5 @@ def make_iterable_loader(
     return _loader(
         sharded, None, env=env, batch_size=batch_size, seeding=(seed, 0),
         num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, persistent=False,
+        worker_start=worker_start,
     )  # fmt: skip

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from phalanx.config.schema import Config, DistConfig
 from phalanx.dist.device import select_backend, select_device
+from phalanx.dist.forking import prefer_forkserver
 from phalanx.dist.logging import setup_logging
 from phalanx.dist.rendezvous import join_store
 from phalanx.env import ClusterEnv, detect
@@ -50,6 +51,7 @@ def init_group(config: DistConfig | None = None, *, env: ClusterEnv | None = Non
     The group is destroyed at interpreter exit (or by shutdown() / the distributed() context).
     """
     refuse_spawned_import()
+    prefer_forkserver()
     config = config or DistConfig()
     if dist.is_initialized():
         raise UsageError("torch.distributed is already initialised; call phalanx.init() once")

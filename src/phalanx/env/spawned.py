@@ -1,11 +1,11 @@
 """Behave in processes that only import the training script again: refuse to train there, and
 keep DCP's checkpoint writer quiet.
 
-Processes started with the "spawn" method (DCP's checkpoint writer with
-checkpoint.async_writer=process, a DataLoader with multiprocessing_context="spawn") run the main
-script once more, as module `__mp_main__`, before doing their own work. A script that trains at
-import, without an `if __name__ == "__main__":` guard, would there join the process group a
-second time and train again, or hang.
+Processes started with the "spawn" or "forkserver" method (DataLoader workers, whose fork
+server phalanx uses by default; DCP's checkpoint writer with checkpoint.async_writer=process) run
+the main script once more, as module `__mp_main__`, before doing their own work. A script that
+trains at import, without an `if __name__ == "__main__":` guard, would there join the process
+group a second time and train again, or hang.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import sys
 from types import FrameType
 
 UNGUARDED_SCRIPT = (
-    "a spawned helper process (the checkpoint writer of checkpoint.async_writer=process, or "
-    "a spawn DataLoader worker) imported the training script again, and the script starts "
-    "training at import; "
-    'put the training under `if __name__ == "__main__":` (or use checkpoint.async_writer=thread)'
+    "a helper process (DataLoader workers' fork server, the checkpoint writer of "
+    "checkpoint.async_writer=process) imported the training script again, and the script "
+    'starts training at import; put the training under `if __name__ == "__main__":`'
 )
 
 

@@ -22,13 +22,13 @@ def train_loader(trainer: Trainer) -> Any:
         return make_iterable_loader(
             trainer.train_data, env=env, batch_size=data.batch_size,
             seed=trainer.config.train.seed, num_workers=workers, collate_fn=trainer.collate_fn,
-            pin_memory=pin,
+            pin_memory=pin, worker_start=data.worker_start,
         )  # fmt: skip
     return make_train_loader(
         trainer.train_data, env=env, batch_size=data.batch_size, seed=trainer.config.train.seed,
         shuffle=data.shuffle, drop_last=data.drop_last, num_workers=workers,
         collate_fn=trainer.collate_fn, pin_memory=pin,
-        start=(trainer.state.epoch, trainer.state.global_index),
+        start=(trainer.state.epoch, trainer.state.global_index), worker_start=data.worker_start,
     )  # fmt: skip
 
 

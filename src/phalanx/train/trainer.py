@@ -16,7 +16,7 @@ from torch import nn
 
 from phalanx.checkpoint.sharded import AsyncSaver
 from phalanx.config.training import TrainerConfig
-from phalanx.data.loader import make_eval_loader
+from phalanx.data.loader import make_eval_loader, start_workers
 from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.data.seeding import seed_everything
 from phalanx.dist.control import ControlPlane
@@ -242,7 +242,7 @@ class Trainer:
     def _run_epoch(self, loader: Any) -> bool:
         """Steps until the data or max_steps runs out; True when the epoch was completed."""
         train = self.config.train
-        it = iter(loader)
+        it = start_workers(loader)
         micro_steps = 0
         while not (self.max_steps and self.state.step >= self.max_steps):
             self._beat("data")
@@ -317,16 +317,18 @@ class Trainer:
             batch_size=data.eval_batch_size or data.batch_size,
             collate_fn=self.collate_fn,
             num_workers=None if data.num_workers < 0 else data.num_workers,
+            worker_start=data.worker_start,
         )
+        lockstep = lockstep_steps(self.model, loader, self.env.world_size)
         with self.throughput.paused():
             values = evaluate(
                 unwrap(self.model),
-                loader,
+                start_workers(loader),
                 self.eval_step,
                 device=self.handle.device,
                 precision=self.precision,
                 max_batches=2 if self.dry_run else None,
-                lockstep_steps=lockstep_steps(self.model, loader, self.env.world_size),
+                lockstep_steps=lockstep,
             )
         self.last_eval = dict(values)
         values = {"step": self.state.step, "epoch": self.state.epoch, **values}

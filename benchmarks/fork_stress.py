@@ -1,0 +1,161 @@
+"""Fork-safety stress: repeat a short 2-rank training run whose loaders start worker processes
+many times, under CPU load, and count the runs that hang.
+
+    python benchmarks/fork_stress.py [--runs 30] [--timeout 90] [--load 1]
+        [--start fork forkserver] [--out benchmarks/results/fork_stress.json] [-- k=v ...]
+
+Each run is `phalanx run -n 2 benchmarks/fork_stress_train.py data.worker_start=S` (8 epochs,
+2 workers per rank, an evaluation per epoch: 9 loader starts per rank, 36 worker processes).
+Runs of the start methods alternate, so drift and load hit all alike. A run that outlives
+`--timeout` is a hang: before it is killed, gdb prints the native stack of every process of the
+run, and a process whose stack holds `PyOS_AfterFork_Child` is a child that never returned from
+fork(). Stacks go to `<out>.stacks/`. `--load K` keeps K busy-looping processes running (a
+loaded CI machine).
+Prints a table (runs, hangs, hangs inside fork, worker processes started by completed runs, run
+time median and spread) and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PHALANX = Path(sys.executable).parent / "phalanx"
+
+
+def descendants(root: int) -> list[int]:
+    """Live descendants of `root`, torchrun's workers (in sessions of their own) included."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def native_stacks(pids: list[int]) -> dict[int, str]:
+    """`thread apply all bt` of each process (gdb attaches one at a time)."""
+    stacks = {}
+    for pid in pids:
+        cmd = ["gdb", "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 30"]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            stacks[pid] = done.stdout
+        except subprocess.TimeoutExpired:
+            stacks[pid] = "gdb timed out"
+    return stacks
+
+
+def one_run(start: str, args: argparse.Namespace, root: Path, index: int) -> dict[str, Any]:
+    cmd = [str(PHALANX), "run", "-n", "2", str(HERE / "fork_stress_train.py"),
+           f"run.root={root}", *([f"data.worker_start={start}"] if start != "default" else []),
+           *args.overrides]  # fmt: skip
+    began = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=args.timeout)
+        ok = proc.returncode == 0 and "forks=" in out
+        forks = int(out.rsplit("forks=", 1)[1].split()[0]) if ok else 0
+        seconds = time.perf_counter() - began
+        return {"start": start, "outcome": "ok" if ok else "failed", "seconds": seconds,
+                "forks": forks, "tail": "" if ok else out[-2000:]}  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pids = [proc.pid, *descendants(proc.pid)]
+        stacks = native_stacks(pids)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.communicate()
+        folder = Path(f"{args.out}.stacks")
+        folder.mkdir(parents=True, exist_ok=True)
+        text = "\n".join(f"===== pid {pid}\n{stack}" for pid, stack in stacks.items())
+        (folder / f"run-{index}-{start}.txt").write_text(text)
+        in_fork = [pid for pid, s in stacks.items() if "PyOS_AfterFork_Child" in s]
+        return {"start": start, "outcome": "hang", "seconds": args.timeout, "forks": 0,
+                "stuck_in_fork": in_fork}  # fmt: skip
+
+
+def summarize(results: list[dict[str, Any]], starts: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for start in starts:
+        mine = [r for r in results if r["start"] == start]
+        times = [r["seconds"] for r in mine if r["outcome"] == "ok"]
+        rows.append({
+            "start": start, "runs": len(mine),
+            "hangs": sum(r["outcome"] == "hang" for r in mine),
+            "hangs_in_fork": sum(bool(r.get("stuck_in_fork")) for r in mine),
+            "failed": sum(r["outcome"] == "failed" for r in mine),
+            # Each of 2 ranks starts its loaders `forks` times, 2 worker processes each time.
+            "worker_processes": 2 * 2 * sum(r["forks"] for r in mine),
+            "median_s": statistics.median(times) if times else None,
+            "min_s": min(times, default=None), "max_s": max(times, default=None),
+        })  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=30, help="runs per start method")
+    parser.add_argument("--timeout", type=float, default=90.0, help="seconds before a hang")
+    parser.add_argument("--load", type=int, default=1, help="busy processes beside the runs")
+    parser.add_argument("--start", nargs="+", default=["fork", "forkserver"])
+    parser.add_argument("--out", default=str(HERE / "results" / "fork_stress.json"))
+    parser.add_argument("overrides", nargs="*", help="config overrides for every run")
+    args = parser.parse_args()
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+               for _ in range(args.load)]  # fmt: skip
+    root = Path(tempfile.mkdtemp(prefix="fork-stress-"))
+    results: list[dict[str, Any]] = []
+    try:
+        for index in range(args.runs):
+            for start in args.start:
+                results.append(one_run(start, args, root, index))
+                r = results[-1]
+                print(f"run {index:3d} {start:10s} {r['outcome']:6s} {r['seconds']:6.1f} s",
+                      flush=True)  # fmt: skip
+                shutil.rmtree(root, ignore_errors=True)
+    finally:
+        for burner in burners:
+            burner.kill()
+        shutil.rmtree(root, ignore_errors=True)
+    rows = summarize(results, args.start)
+    print(f"\n{'start':12s} {'runs':>5s} {'hangs':>6s} {'in fork':>8s} {'failed':>7s} "
+          f"{'workers':>8s} {'run s (median, min..max)':>26s}")  # fmt: skip
+    for row in rows:
+        spread = (f"{row['median_s']:.1f} ({row['min_s']:.1f}..{row['max_s']:.1f})"
+                  if row["median_s"] is not None else "-")  # fmt: skip
+        print(f"{row['start']:12s} {row['runs']:5d} {row['hangs']:6d} {row['hangs_in_fork']:8d} "
+              f"{row['failed']:7d} {row['worker_processes']:8d} {spread:>26s}")  # fmt: skip
+    record = {"when": datetime.now(timezone.utc).isoformat(), "host": platform.node(),
+              "python": platform.python_version(), "cpus": os.cpu_count(), "load": args.load,
+              "overrides": args.overrides, "summary": rows, "runs": results}  # fmt: skip
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(record, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""How the processes of a run start children: through a fork server, never by forking a rank.
+
+A rank runs threads from its first collective on (gloo's, the hang watch, DataLoader pin-memory
+threads, a checkpoint writer). A child forked while one of them holds a lock inherits the lock
+held and can wait on it forever. CPython 3.11 does exactly that when another thread creates or
+deletes its thread state at the moment of fork: the child blocks on the interpreter's HEAD_LOCK
+in `PyOS_AfterFork_Child` (python/cpython#112275; benchmarks/fork_stress.py reproduces it with
+phalanx's Trainer). Python 3.14 made "forkserver" the default start method on Linux for this
+reason; phalanx makes it the default of every rank now, so that users' own DataLoaders and pools
+are safe too, unless the script chose a method itself.
+
+The fork server is one single-threaded process; children fork from it. It must import what they
+need once, or every child imports torch anew (1.7 s idle, ~5 s on a loaded 2-core machine, per
+worker and start). Python 3.11 does not preload the main script there as documented (the server
+asks for a 'main_path' key that multiprocessing.spawn never provides), so phalanx names the
+packages the script imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import sys
+from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+
+def script_packages() -> list[str]:
+    """Top-level packages the main script has imported (its modules, and the modules of the
+    classes and functions it imported by name), plus torch and phalanx."""
+    names = {"torch", "phalanx"}
+    main = sys.modules.get("__main__")
+    for name, value in vars(main).items() if main is not None else ():
+        if name.startswith("__"):
+            continue  # __builtins__, __loader__ ...: the interpreter's, not the script's imports
+        module = (
+            value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", "")
+        )
+        if isinstance(module, str) and module and not module.startswith("__"):
+            names.add(module.split(".")[0])
+    return sorted(name for name in names - {"builtins"} if name in sys.modules)
+
+
+def preload_forkserver() -> None:
+    """Have the fork server import the script's packages once (no effect once it runs)."""
+    preload = ["__main__", *script_packages(), "phalanx.dist.forkserver_child"]
+    multiprocessing.set_forkserver_preload(preload)
+
+
+def prefer_forkserver() -> None:
+    """Make "forkserver" this process's default start method, unless one was already chosen.
+
+    A script that needs fork for its own pools (unpicklable tasks) keeps it by calling
+    `multiprocessing.set_start_method("fork")` before phalanx.init().
+    """
+    preload_forkserver()
+    if multiprocessing.get_start_method(allow_none=True) is not None:
+        return
+    multiprocessing.set_start_method("forkserver")
+    log.debug("child processes start from a fork server (multiprocessing start method)")
