@@ -129,3 +129,12 @@ def test_script_help_lists_field_docs_and_bad_input_exits_2() -> None:
     assert bad.stderr.strip().splitlines() == [
         "config_probe.py: error: config key 'train.lrr' is unknown; did you mean 'train.lr'?"
     ]
+
+
+def test_the_hang_watchdog_is_on_by_default_and_below_the_collective_timeout() -> None:
+    assert phalanx.TrainerConfig().train.hang_timeout_s == 300
+    assert load(phalanx.TrainerConfig, overrides=["train.hang_timeout_s=0", "dist.timeout_s=60"])
+    with pytest.raises(phalanx.UsageError) as error:
+        load(phalanx.TrainerConfig, overrides=["dist.timeout_s=120"])
+    assert "train.hang_timeout_s=300 must be below dist.timeout_s=120" in str(error.value)
+    assert "\n" not in str(error.value)

@@ -70,10 +70,10 @@ class TrainConfig:
     """Print a progress line on rank 0 at every logging point."""
     sync_debug: bool = False
     """CUDA only: fail on any host-device sync inside a training step (from step 3 on)."""
-    hang_timeout_s: float = 0.0
+    hang_timeout_s: float = 300.0
     """Stop the run, naming the stuck rank, when the slowest rank completes no step for this
-    long (evaluations, saves and the first step's compute excepted), e.g. 300; 0: off (the
-    default for now, see docs/training.md). Keep it below dist.timeout_s, above the longest step."""
+    long (evaluations, saves and the first step's compute excepted); 0: off. Keep it below
+    dist.timeout_s and above the longest step."""
 
     def __post_init__(self) -> None:
         check_choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))
@@ -252,6 +252,13 @@ class TrainerConfig(Config):
     """Experiment trackers and plots."""
 
     def __post_init__(self) -> None:
+        hang, collective = self.train.hang_timeout_s, self.dist.timeout_s
+        if hang and hang >= collective:
+            raise UsageError(
+                f"config train.hang_timeout_s={hang:g} must be below dist.timeout_s={collective:g}"
+                " (a collective times out first, naming no rank); lower it, raise "
+                "dist.timeout_s, or set train.hang_timeout_s=0 to turn the watchdog off"
+            )
         if self.train.strategy == "fsdp" and not self.checkpoint.sharded:
             raise UsageError(
                 "config train.strategy=fsdp needs checkpoint.sharded=true (every rank saves its "
