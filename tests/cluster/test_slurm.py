@@ -14,20 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.env.node_addr import resolves
 from tests.conftest import need_command
 from tests.support.checks import assert_geometry, read_probe
 from tests.support.procs import VENV_BIN
-from tests.support.slurm_cluster import SlurmCluster
+from tests.support.slurm_cluster import SECOND_NODE, SlurmCluster
 
 PROBE = str(Path(__file__).parents[1] / "support" / "probe.py")
 pytestmark = pytest.mark.cluster
 
 # Both slurmd "nodes" live on this host and SLURM orders nodes by name, so a step's first node
-# may be `node2`, a name no resolver knows (on a real cluster node names resolve). Rank 0's node
-# is then reached through its NodeAddr, exported as MASTER_ADDR, which phalanx always honours.
-EXPORT_MASTER_ADDR = """\
-first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-export MASTER_ADDR=$(scontrol show node "$first_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)"""
+# may be `node2`, a name no resolver knows (NodeAddr=127.0.0.1): the jobs below export no
+# MASTER_ADDR, so phalanx finds rank 0's address through `scontrol show node` by itself.
 
 EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)):", re.MULTILINE)
 """The last line of a Python traceback: the exception's qualified name."""
@@ -90,8 +88,7 @@ def node_order(slurm: SlurmCluster, job_id: str) -> list[str]:
 
 @pytest.mark.timeout(90)
 def test_srun_two_tasks_on_one_node(slurm: SlurmCluster, tmp_path: Path) -> None:
-    body = f"{EXPORT_MASTER_ADDR}\nsrun python {PROBE} {tmp_path}"
-    job = run_job(slurm, tmp_path, body, "--nodes=1", "--ntasks=2")
+    job = run_job(slurm, tmp_path, f"srun python {PROBE} {tmp_path}", "--nodes=1", "--ntasks=2")
     assert job.state == "COMPLETED", job
     records = assert_geometry(read_probe(tmp_path), world_size=2, num_nodes=1, launcher="slurm")
     assert {r["job_id"] for r in records} == {job.job_id}
@@ -99,7 +96,7 @@ def test_srun_two_tasks_on_one_node(slurm: SlurmCluster, tmp_path: Path) -> None
 
 @pytest.mark.timeout(90)
 def test_srun_two_nodes_two_tasks_each(slurm: SlurmCluster, tmp_path: Path) -> None:
-    body = f"{EXPORT_MASTER_ADDR}\nsrun python {PROBE} {tmp_path}"
+    body = f"srun python {PROBE} {tmp_path}"
     job = run_job(slurm, tmp_path, body, "--nodes=2", "--ntasks-per-node=2")
     assert job.state == "COMPLETED", job
     records = assert_geometry(read_probe(tmp_path), world_size=4, num_nodes=2, launcher="slurm")
@@ -110,7 +107,7 @@ def test_srun_two_nodes_two_tasks_each(slurm: SlurmCluster, tmp_path: Path) -> N
 @pytest.mark.timeout(120)
 def test_phalanx_run_once_per_node(slurm: SlurmCluster, tmp_path: Path) -> None:
     """`srun --ntasks-per-node=1 phalanx run -n 2`: phalanx fills in nnodes and the rendezvous."""
-    body = f"{EXPORT_MASTER_ADDR}\nsrun --ntasks-per-node=1 phalanx run -n 2 {PROBE} {tmp_path}"
+    body = f"srun --ntasks-per-node=1 phalanx run -n 2 {PROBE} {tmp_path}"
     job = run_job(slurm, tmp_path, body, "--nodes=2", "--ntasks-per-node=1", timeout=100)
     assert job.state == "COMPLETED", job
     records = assert_geometry(read_probe(tmp_path), world_size=4, num_nodes=2, launcher="torchrun")
@@ -142,13 +139,54 @@ def test_launcher_inside_multi_task_step_is_refused(
         assert "Traceback" not in output, job
         assert job.exit_code == "2:0", job
     else:
-        # phalanx refuses inside each worker (detect()), before any rendezvous: the probe does
-        # not catch the UsageError, and torchrun's agent always raises ChildFailedError with
-        # its own traceback when a worker fails. No other error may show up.
+        # phalanx refuses inside each worker (detect()), before any rendezvous: one line for
+        # the job, from the worker that is rank 0 of task 0. Each torchrun agent still raises
+        # ChildFailedError with its own traceback and summary (which shows that line as the
+        # cause) and exits 1, so srun's exit code is 1, not 2.
+        ours = [line for line in output.splitlines() if line.startswith("error: ")]
+        assert len(ours) == 1 and "double spawn" in ours[0], job
         assert set(EXCEPTION_LINE.findall(output)) == {
-            "phalanx.errors.UsageError",
             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
         }, job
+        assert output.count(f"traceback : {ours[0]}") >= 2, job
+        assert job.exit_code == "1:0", job
+
+
+@pytest.mark.timeout(90)
+def test_srun_on_a_node_whose_name_does_not_resolve_meets_at_its_node_addr(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    node = SECOND_NODE
+    assert not resolves(node), f"{node} must be absent from DNS and /etc/hosts for this test"
+    body = f"srun python {PROBE} {tmp_path}"
+    job = run_job(slurm, tmp_path, body, "--ntasks=2", f"--nodelist={node}")
+    assert job.state == "COMPLETED", job
+    records = assert_geometry(read_probe(tmp_path), world_size=2, num_nodes=1, launcher="slurm")
+    assert {(r["node"], r["master_addr"]) for r in records} == {(node, "127.0.0.1")}, records
+
+
+@pytest.mark.timeout(90)
+def test_srun_without_an_address_for_rank_0_fails_in_seconds_with_one_line(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The tasks cannot run scontrol (as in a container without SLURM's client tools)."""
+    body = "\n".join(
+        (
+            "start=$(date +%s%N)",
+            f"srun env PATH=/nonexistent {VENV_BIN / 'python'} {PROBE} {tmp_path} || code=$?",
+            'echo "elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))"',
+            "exit ${code:-0}",
+        )
+    )
+    job = run_job(slurm, tmp_path, body, "--ntasks=2", f"--nodelist={SECOND_NODE}")
+    assert job.state == "FAILED" and job.exit_code == "2:0", job
+    ours = [line for line in job.stderr.splitlines() if not line.startswith("srun: ")]
+    assert len(ours) == 1, job
+    assert ours[0].startswith(f"error: rank 0's node '{SECOND_NODE}' does not resolve"), job
+    assert "scontrol is not on PATH" in ours[0], job
+    assert ours[0].endswith(f"export MASTER_ADDR=<address of {SECOND_NODE}> before srun"), job
+    elapsed_s = int(re.findall(r"elapsed_ms=(\d+)", job.stdout)[-1]) / 1000
+    assert elapsed_s < 60, job
 
 
 @pytest.mark.timeout(60)
@@ -168,7 +206,8 @@ def test_info_agrees_on_every_task(slurm: SlurmCluster, tmp_path: Path) -> None:
     infos = [json.loads(line) for line in job.stdout.splitlines() if line.startswith("{")]
     assert sorted(i["rank"] for i in infos) == [0, 1, 2, 3], job
     assert {i["launcher"] for i in infos} == {"slurm"}, job
-    assert {i["master_addr"] for i in infos} == {node_order(slurm, job.job_id)[0]}, job
+    first = node_order(slurm, job.job_id)[0]
+    assert {i["master_addr"] for i in infos} == {first if resolves(first) else "127.0.0.1"}, job
     ports = {i["master_port"] for i in infos}
     assert len(ports) == 1, job
     # Linux hands out 32768-60999 for outgoing connections; a store port there may be taken.
