@@ -27,6 +27,12 @@ pytestmark = pytest.mark.cluster
 # may be `node2`, a name no resolver knows (NodeAddr=127.0.0.1): the jobs below export no
 # MASTER_ADDR, so phalanx finds rank 0's address through `scontrol show node` by itself.
 
+# What job scripts had to do before phalanx asked `scontrol show node` itself; other cluster
+# tests still export it (harmless: MASTER_ADDR always wins).
+EXPORT_MASTER_ADDR = """\
+first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR=$(scontrol show node "$first_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)"""
+
 EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)):", re.MULTILINE)
 """The last line of a Python traceback: the exception's qualified name."""
 
