@@ -37,11 +37,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_ranks(out: Path, world_size: int, ranks: list[int]) -> dict[int, tuple[int, str]]:
+def start_ranks(
+    out: Path, world_size: int, ranks: list[int], master_addr: str = "127.0.0.1"
+) -> dict[int, tuple[int, str]]:
     """Start `ranks` of a `world_size` job by hand; (exit code, stderr) of each."""
     env = base_env(
         {
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(free_port()),
             "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(world_size),
@@ -96,6 +98,21 @@ def test_a_rank_that_cannot_reach_rank_0_says_so_itself(tmp_path: Path) -> None:
         r"error: \[rank 1\] rank 0's rendezvous at 127\.0\.0\.1:\d+ did not answer", line
     )
     assert "export MASTER_ADDR=" in line, line
+
+
+@pytest.mark.timeout(120)
+def test_a_master_addr_that_does_not_resolve_is_one_line_at_once(tmp_path: Path) -> None:
+    start = time.monotonic()
+    results = start_ranks(tmp_path, 2, [0, 1], master_addr="no-such-node.invalid")
+    elapsed = time.monotonic() - start
+    assert {rank: code for rank, (code, _) in results.items()} == {0: 2, 1: 2}, results
+    assert results[0][1].splitlines() == [
+        "error: rank 0's address 'no-such-node.invalid' does not resolve on "
+        f"{socket.gethostname()} (DNS, /etc/hosts); export MASTER_ADDR=<address of rank 0's "
+        "node> for every rank"
+    ], results[0][1]
+    assert results[1][1] == "", results[1][1]
+    assert elapsed < 30, elapsed  # no waiting for the rendezvous deadline
 
 
 @pytest.mark.timeout(120)

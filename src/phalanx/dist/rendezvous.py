@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from phalanx.env import ClusterEnv
+from phalanx.env.node_addr import resolves
 from phalanx.errors import UsageError, first_line
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,13 @@ def join_store(env: ClusterEnv, *, deadline_s: float, timeout: timedelta) -> Any
 
 def _open(env: ClusterEnv, deadline_s: float) -> Any:
     where = f"{env.master_addr}:{env.master_port}"
+    if not resolves(env.master_addr):
+        # Else c10d retries the name until the deadline. The same on every rank of a node set
+        # up alike, so one line (the first process's) tells it.
+        raise RendezvousError(
+            f"rank 0's address {env.master_addr!r} does not resolve on {socket.gethostname()} "
+            "(DNS, /etc/hosts); export MASTER_ADDR=<address of rank 0's node> for every rank"
+        )
     try:
         if env.rank != 0:
             _await_listener(env.master_addr, env.master_port, deadline_s)
