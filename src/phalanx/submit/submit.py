@@ -31,6 +31,8 @@ class Submission:
     text: str
     """The rendered sbatch script."""
     script_file: Path
+    previous_code: Path | None = None
+    """The earlier snapshot moved aside for this submission: put back if it is refused."""
 
 
 def prepare(
@@ -67,14 +69,19 @@ def _write(config: SubmitConfig, source: Path, args: tuple[str, ...], run_dir: P
         workdir, relative = run_dir / "code", str(source.relative_to(root))
     job = Job(config=config, run_dir=run_dir, workdir=workdir, script=relative, args=args)
     text = render(job)
+    previous = None
     if root is not None:
         if workdir.exists():  # a run directory submitted again: keep what ran before
             stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-            workdir.rename(workdir.with_name(f"code-before-{stamp}"))
-        snapshot.take(root, workdir)
+            previous = workdir.rename(workdir.with_name(f"code-before-{stamp}"))
+        try:
+            snapshot.take(root, workdir)
+        except BaseException:
+            _forget(run_dir, previous)
+            raise
     script_file = run_dir / SCRIPT_NAME
     script_file.write_text(text)
-    return Submission(job=job, text=text, script_file=script_file)
+    return Submission(job=job, text=text, script_file=script_file, previous_code=previous)
 
 
 def submit(submission: Submission) -> str:
@@ -87,7 +94,7 @@ def submit(submission: Submission) -> str:
             options=command_line_options(submission.job),
         )
     except BaseException:
-        _forget(submission.job.run_dir)
+        _forget(submission.job.run_dir, submission.previous_code)
         raise
     with open(submission.job.run_dir / "jobs.txt", "a") as jobs:
         jobs.write(job_id + "\n")
@@ -107,11 +114,11 @@ def dry_run(submission: Submission, *, check: bool) -> str | None:
                 test_only=True,
             )
     finally:
-        _forget(submission.job.run_dir)
+        _forget(submission.job.run_dir, submission.previous_code)
     return report
 
 
-def _forget(run_dir: Path) -> None:
+def _forget(run_dir: Path, previous_code: Path | None = None) -> None:
     # Only what prepare() itself put there: a user's existing run.dir keeps everything else.
     ours = {"config.yaml", SCRIPT_NAME, "code", "logs", "diagnostics"}
     for name in ("code", SCRIPT_NAME):
@@ -120,6 +127,10 @@ def _forget(run_dir: Path) -> None:
             shutil.rmtree(target)
         elif target.exists():
             target.unlink()
+    if previous_code is not None:
+        # A job submitted earlier may still be queued (or be requeued) and runs from code/.
+        previous_code.rename(run_dir / "code")
+        return
     left = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
     if left <= ours and not (run_dir / "checkpoints").exists():
         shutil.rmtree(run_dir, ignore_errors=True)
