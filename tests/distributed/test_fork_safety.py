@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import VENV_BIN, run
+from tests.support.procs import VENV_BIN, base_env, run
 
 SUPPORT = Path(__file__).parents[1] / "support"
 pytestmark = pytest.mark.dist
@@ -76,3 +76,30 @@ def test_an_unpicklable_collate_fn_stops_the_run_with_the_fix(tmp_path: Path) ->
     assert len(lines) == 2, result.stderr  # one per rank, each one line with the fixes
     assert all("data.num_workers=0" in line and "lambda" in line for line in lines)
     assert "Traceback" not in result.stderr.split("need a picklable")[0]
+
+
+def processes_tagged(tag: str) -> set[int]:
+    """Live processes whose environment holds TEST_TAG=tag (inherited by every descendant)."""
+    found, needle = set(), f"TEST_TAG={tag}".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.add(int(entry.name))
+        except OSError:
+            continue  # exited while we looked
+    return found
+
+
+@pytest.mark.timeout(200)
+def test_a_killed_rank_takes_its_fork_server_and_workers_with_it(tmp_path: Path) -> None:
+    """multiprocessing gives each worker the server's "alive" pipe and torch's workers watch
+    only their parent (the server): without phalanx's death signals, a rank killed by -9 left
+    server and workers waiting on each other forever (and run() below waiting on their pipes)."""
+    cmd = [str(VENV_BIN / "phalanx"), "run", "-n", "2", str(SUPPORT / "ckpt_worker.py"),
+           f"run.dir={tmp_path / 'run'}", "train.max_steps=12", "checkpoint.every_steps=4",
+           "data.num_workers=2", "data.batch_size=4", "train.progress=false",
+           "fail.kill_at_step=5"]  # fmt: skip
+    # run() returns only once no process holds the command's output pipes.
+    result = run(cmd, timeout=150, env=base_env({"TEST_TAG": str(tmp_path)}))
+    assert result.returncode != 0 and "SIGKILL" in result.stderr, result.stderr[-3000:]
+    assert not processes_tagged(str(tmp_path))
