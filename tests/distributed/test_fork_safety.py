@@ -103,3 +103,30 @@ def test_a_killed_rank_takes_its_fork_server_and_workers_with_it(tmp_path: Path)
     result = run(cmd, timeout=150, env=base_env({"TEST_TAG": str(tmp_path)}))
     assert result.returncode != 0 and "SIGKILL" in result.stderr, result.stderr[-3000:]
     assert not processes_tagged(str(tmp_path))
+
+
+UNGUARDED = """
+import torch, phalanx
+from torch.utils.data import TensorDataset
+cfg = phalanx.parse_config(phalanx.TrainerConfig)
+with phalanx.distributed(cfg) as d:
+    phalanx.Trainer(
+        d, model=torch.nn.Linear(2, 1), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        train_data=TensorDataset(torch.randn(16, 2), torch.randn(16, 1)),
+        train_step=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]),
+    ).fit()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_script_without_main_guard_stops_before_training_with_the_fix(tmp_path: Path) -> None:
+    """Workers import the script as __mp_main__; the fork server's start-up child finds out."""
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED)
+    cmd = [str(VENV_BIN / "phalanx"), "run", "-n", "2", str(script), "data.num_workers=1",
+           f"run.root={tmp_path / 'runs'}", "train.progress=false"]  # fmt: skip
+    result = run(cmd, timeout=100)
+    assert result.returncode != 0
+    assert result.stderr.count('put the training under `if __name__ == "__main__":`') == 2
+    assert result.stderr.count("could not start through the fork server") == 2
+    assert "step 1" not in result.stdout + result.stderr  # stopped before any training step

@@ -30,7 +30,7 @@ from phalanx.data.eval import EvalSampler
 from phalanx.data.iterable import ShardedIterable
 from phalanx.data.sampler import GlobalOrderSampler, mix_seed
 from phalanx.data.seeding import default_num_workers, worker_init_fn
-from phalanx.dist.forking import preload_forkserver
+from phalanx.dist.forking import start_forkserver
 from phalanx.env import ClusterEnv
 from phalanx.errors import UsageError
 
@@ -99,7 +99,7 @@ def _loader(
         raise UsageError(f"num_workers={workers} must be >= 0 (0 loads in the main process)")
     check_worker_start(worker_start)
     if workers and worker_start == "forkserver":
-        preload_forkserver()  # before the server starts: workers then start in milliseconds
+        start_forkserver()  # its imports now, so that workers start in milliseconds
     return DataLoader(
         dataset,
         batch_size=batch_size,

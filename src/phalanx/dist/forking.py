@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import sys
 from types import ModuleType
+
+from phalanx.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,24 @@ def preload_forkserver() -> None:
     """Have the fork server import the script's packages once (no effect once it runs)."""
     preload = ["__main__", *script_packages(), "phalanx.dist.forkserver_child"]
     multiprocessing.set_forkserver_preload(preload)
+
+
+def start_forkserver() -> None:
+    """Start the fork server now and wait until it can fork: a no-op child goes through it.
+
+    The first worker would otherwise pay the server's start (its imports: seconds on a loaded
+    node) inside the first `next(loader)`, where the hang watch counts it as data time. The
+    child also imports the script as workers do, so an unguarded script stops here, at once.
+    """
+    preload_forkserver()
+    child = multiprocessing.get_context("forkserver").Process(target=os.getpid, daemon=True)
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise UsageError(
+            f"a DataLoader worker could not start through the fork server (exit code "
+            f"{child.exitcode}; its reason is printed above); or set data.num_workers=0"
+        )
 
 
 def prefer_forkserver() -> None:
