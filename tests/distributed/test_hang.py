@@ -3,16 +3,22 @@ stops long before the collective timeout; a slow rank that makes progress is lef
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.distributed.test_checkpoint_resume import (
+    COMMON,
+    WORKER,
     assert_same_training,
     launch,
     reference_run,
 )
+from tests.support.procs import VENV_BIN, base_env
+from tests.support.reap import descendants, kill_and_wait
 
 pytestmark = pytest.mark.dist
 
@@ -37,6 +43,54 @@ def test_a_stuck_rank_is_named_and_every_rank_stops(tmp_path: Path) -> None:
     assert "--- rank 0 ---" in text and "--- rank 1 ---" in text
     assert "threading.Event().wait()" in text  # rank 1's stack, source line included
     assert "stopping: rank 0 found a hang" in err or "exitcode: -15" in err  # rank 1 went too
+
+
+@pytest.mark.timeout(200)
+def test_a_hang_stops_the_checkpoint_writer_processes(tmp_path: Path) -> None:
+    # The hang exit skips interpreter clean-up (os._exit): the watch stops the writer itself.
+    # The writers are busy (stopped) when the hang is called: an idle one would leave by
+    # itself once its rank's pipe closes. Output goes to a file, not a pipe: a writer left
+    # behind would hold a pipe open, and the launcher's end would never be seen.
+    run_dir, stderr = tmp_path / "run", tmp_path / "stderr.txt"
+    command = [str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, f"run.dir={run_dir}", *COMMON,
+               "fail.hang_at_step=6", "fail.writer_stuck=true", "train.hang_timeout_s=6",
+               # No data loader workers: their start on a busy machine is no part of this test.
+               "data.num_workers=0", "dist.timeout_s=300", "checkpoint.sharded=true",
+               "checkpoint.async_save=true", "checkpoint.async_writer=process"]  # fmt: skip
+    with stderr.open("w") as err:
+        launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err,
+                                    env=base_env(), start_new_session=True)  # fmt: skip
+    try:
+        code = launcher.wait(timeout=150)
+        assert code != 0 and "exitcode: 3" in stderr.read_text(), stderr.read_text()[-8000:]
+        assert len(_writers(run_dir)) == 2  # one per rank, spawned by the save at step 4
+        assert not _live_writers(run_dir)
+    finally:
+        leftovers = _live_writers(run_dir)
+        if launcher.poll() is None:
+            leftovers += [launcher.pid, *descendants(launcher.pid)]
+        kill_and_wait(leftovers)
+        launcher.wait()
+
+
+def _writers(run_dir: Path) -> list[int]:
+    """The writer processes' pids, as the ranks recorded them just before the hang."""
+    files = sorted(run_dir.glob("writers-rank-*.txt"))
+    return [pid for path in files for pid in json.loads(path.read_text())]
+
+
+def _live_writers(run_dir: Path) -> list[int]:
+    """Those of the recorded writers that still run (not zombies, not a reused pid)."""
+    live = []
+    for pid in _writers(run_dir):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if state != "Z" and b"multiprocessing.spawn" in command:
+            live.append(pid)
+    return live
 
 
 @pytest.mark.timeout(200)

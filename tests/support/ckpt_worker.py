@@ -41,7 +41,12 @@ class Fail:
     """Like SLURM at preemption: every rank sends SIGTERM and SIGUSR2 to each of its child
     processes (checkpoint writer, data loader workers), then rank 1 SIGUSR2 to itself."""
     hang_at_step: int = 0
-    """Rank 1 blocks forever after this optimizer step (a deadlock, as far as peers can tell)."""
+    """Rank 1 blocks forever after this optimizer step (a deadlock, as far as peers can tell).
+    Every rank first writes the pids of its spawned children (the checkpoint writer process)
+    to writers-rank-K.txt."""
+    writer_stuck: bool = False
+    """At hang_at_step every rank also stops its writer process (SIGSTOP): a writer busy with
+    a long write, which would not notice that its rank is gone."""
     hang_in_first_batch: bool = False
     """Rank 1 blocks forever fetching its first sample (needs data.num_workers=0)."""
     slow_rank_s: float = 0.0
@@ -118,6 +123,12 @@ class Recorder(phalanx.Callback):
         if self.rank == 0 and trainer.state.step == self.fail.mark_at_step:
             restart = os.environ.get("SLURM_RESTART_COUNT", "0")
             (self.run_dir / f"marker-{restart}.txt").write_text(str(trainer.state.step))
+        if first and trainer.state.step == self.fail.hang_at_step:
+            spawned = [c.pid for c in multiprocessing.active_children()
+                       if isinstance(c, multiprocessing.context.SpawnProcess)]  # fmt: skip
+            (self.run_dir / f"writers-rank-{self.rank}.txt").write_text(f"{spawned}\n")
+            for pid in spawned if self.fail.writer_stuck else []:
+                os.kill(pid, signal.SIGSTOP)  # type: ignore[arg-type]
         if first and self.rank == 1 and trainer.state.step == self.fail.hang_at_step:
             threading.Event().wait()  # never set
         if self.rank == 1 and self.fail.slow_rank_s:

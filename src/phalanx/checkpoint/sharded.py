@@ -65,6 +65,7 @@ from phalanx.checkpoint.staging import CachedStager
 from phalanx.checkpoint.store import CheckpointStore
 from phalanx.checkpoint.writer_process import (
     STOP_TIMEOUT_S,
+    kill_writer_process,
     signals_blocked,
     stop_writer_process,
 )
@@ -300,6 +301,13 @@ class AsyncSaver:
                 log.warning("async checkpoint write failed while unwinding: %s", failed)
         self._stager.close()
         self._stop_writer()
+
+    def kill_writer(self) -> None:
+        """Before os._exit (a hang, called from another thread): kill the writer process (and
+        this process's other daemonic children), which would outlive this one; its write is
+        lost, uncommitted. A writer thread ends with the process."""
+        if self._writer is AsyncCheckpointerType.PROCESS:
+            kill_writer_process()
 
     def _stop_writer(self) -> None:
         if self._writer is AsyncCheckpointerType.PROCESS:

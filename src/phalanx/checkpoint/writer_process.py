@@ -13,7 +13,8 @@ thread; docs/benchmarks.md). Three things torch leaves to the caller, handled he
   a signal that arrives meanwhile is delivered when the mask is restored.
 - Exit. A writer with SIGTERM blocked would not stop for multiprocessing's exit handler (which
   terminates daemons with SIGTERM, then joins them): `stop_writer_process` asks it to finish
-  and, failing that, kills it.
+  and, failing that, kills it. A rank that leaves with os._exit (hang detection) runs no exit
+  handler: it calls `kill_writer_process` first (`AsyncSaver.kill_writer`).
 - Spawning re-imports the training script in the writer (as `__mp_main__`). A script that trains
   at import, with no `if __name__ == "__main__":` guard, would train a second time there;
   `phalanx.env.spawned.refuse_spawned_import` (run by `phalanx.init` and `parse_config`) stops
@@ -25,6 +26,7 @@ DCP's writer handle is private to torch (the same in 2.11 and 2.13); it is read 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -74,6 +76,25 @@ def stop_writer_process() -> None:
     if child.is_alive():
         log.warning("checkpoint writer process %s did not stop; killing it", child.pid)
         child.kill()
+        child.join(STOP_TIMEOUT_S)
+
+
+def kill_writer_process() -> None:
+    """Kill DCP's writer process at once, whatever it is doing; no-op when there is none. For a
+    rank that leaves with os._exit (a hang): nothing else would stop a writer that blocks
+    SIGTERM, and the write it may be in can never be committed.
+
+    Every daemonic child of this process goes, as it would under multiprocessing's exit handler
+    (which os._exit skips): DCP's handle on its writer is set only once the writer has started
+    (its process group is up), and a hang may come while it starts; after start, a child no
+    longer says what it runs."""
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    executor._CHECKPOINT_PROCESS = None
+    daemons = [child for child in multiprocessing.active_children() if child.daemon]
+    for child in daemons:
+        child.kill()
+    for child in daemons:
         child.join(STOP_TIMEOUT_S)
 
 

@@ -12,6 +12,12 @@ writes all stacks to `<run dir>/diagnostics/hang-*.txt`, and every rank exits wi
 
 The training loop only records its position in memory (`beat`, no I/O); the watchdog threads
 talk to the store every `interval_s`. The store is torch's own (c10d clients are thread-safe).
+
+The exit skips the interpreter's clean-up (atexit, multiprocessing's child reaping): whatever
+would otherwise outlive the rank (a checkpoint writer process) is registered with
+`before_exit` and stopped first. A store that stops answering because the run is over (a peer
+died, the store closed at shutdown) ends the watch quietly; any other failure of the watch is
+logged once as a warning, since this run then has no hang detection.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +61,7 @@ class HangWatch:
         self._main = threading.main_thread().ident
         self._stop = threading.Event()
         self._lowest: tuple[int, float] | None = None  # rank 0: (slowest step, since when)
+        self._before_exit: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._run, name="phalanx-hang-watch", daemon=True)
         self._thread.start()
 
@@ -68,6 +76,11 @@ class HangWatch:
             phase = "start" if phase == "step" else phase
         if self._where[:2] != (step, phase):
             self._where = (step, phase, time.monotonic())  # one assignment: read whole
+
+    def before_exit(self, callback: Callable[[], None]) -> None:
+        """Run `callback` (on the watch thread, while the main thread is stuck) before this
+        process exits after a hang: stop what must not outlive it. It should not block long."""
+        self._before_exit.append(callback)
 
     def close(self) -> None:
         """Stop the watchdog (training is over: nothing left to watch) and withdraw this rank's
@@ -85,15 +98,23 @@ class HangWatch:
                 self._publish()
                 if self.store.check([PREFIX + "abort"]):
                     self.store.add(PREFIX + "gone", 1)
-                    _exit("stopping: rank 0 found a hang (see its report)")
+                    self._exit("stopping: rank 0 found a hang (see its report)")
                 if self.store.check([PREFIX + "request"]):
                     self.store.set(PREFIX + f"stack/{self.rank}", self._stack())
                 if self.rank == 0:
                     self._judge()
-            except Exception as error:  # the store is gone (a peer died, the run is ending)
-                if not self._stop.is_set():
-                    log.warning("hang detection stopped on rank %d: %s", self.rank, error)
+            except Exception as error:
+                self._stopped_by(error)
                 return
+
+    def _stopped_by(self, error: Exception) -> None:
+        if self._stop.is_set() or _run_is_over(error):
+            log.debug("hang watch on rank %d ends: %s", self.rank, error)
+            return
+        log.warning(
+            "hang detection is off for the rest of this run on rank %d: its watch failed with "
+            "%s: %s", self.rank, type(error).__name__, error,
+        )  # fmt: skip
 
     def _publish(self) -> None:
         step, phase, since = self._where
@@ -139,7 +160,7 @@ class HangWatch:
             if time.monotonic() > deadline:
                 break
             time.sleep(min(0.2, self.interval_s))  # polling the store, with a deadline
-        _exit(None)
+        self._exit(None)
 
     def _gather_stacks(self, deadline: float) -> dict[int, str]:
         stacks = {0: self._stack()}
@@ -164,12 +185,29 @@ class HangWatch:
             return None
         return path
 
+    def _exit(self, message: str | None) -> None:
+        """Leave at once: the main thread is blocked (in a collective or the stuck code), so no
+        exception could reach it; the launcher (torchrun, srun --kill-on-bad-exit) stops the
+        rest. The `before_exit` callbacks run first; one that fails does not keep us here."""
+        if message:
+            log.error("%s", message)
+        for callback in tuple(self._before_exit):
+            try:
+                callback()
+            except Exception as error:
+                log.warning("before leaving after the hang: %s", error)
+        _exit_now()
 
-def _exit(message: str | None) -> None:
-    """Leave at once: the main thread is blocked (in a collective or the stuck code), so no
-    exception could reach it; the launcher (torchrun, srun --kill-on-bad-exit) stops the rest."""
-    if message:
-        log.error("%s", message)
+
+def _run_is_over(error: Exception) -> bool:
+    """The store's connection is gone: a peer (under srun, rank 0 hosts the store) has left or
+    the process group was destroyed at shutdown. Anything else is a fault of the watch."""
+    from torch.distributed import DistNetworkError
+
+    return isinstance(error, (DistNetworkError, ConnectionError))
+
+
+def _exit_now() -> None:
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stderr.flush()

@@ -85,6 +85,8 @@ def _write_files(trainer: Trainer, store: CheckpointStore, step: int) -> str | N
                 if trainer.async_saver is None:
                     # Collective: a gloo group of its own.
                     trainer.async_saver = AsyncSaver(writer=trainer.config.checkpoint.async_writer)
+                    if trainer.hang is not None:  # its os._exit skips the writer's clean-up
+                        trainer.hang.before_exit(trainer.async_saver.kill_writer)
                 trainer.async_saver.save(sharded_dir(store, step), state)
             else:
                 save_sharded(sharded_dir(store, step), state)
