@@ -50,7 +50,7 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
         type=int,
         default=None,
         metavar="K",
-        help="this node's index; node 0 hosts the rendezvous",
+        help="this node's index; node 0 hosts the rendezvous (an elastic job cannot lose it)",
     )
     run.add_argument(
         "--rdzv-endpoint",
@@ -61,8 +61,9 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     run.add_argument("--rdzv-id", default="phalanx", help="id shared by all nodes of one job")
     run.add_argument("--max-restarts", type=int, default=0, help="elastic restarts on failure")
     run.add_argument("--rdzv-conf", default="", metavar="KEY=VALUE,...",
-                     help="c10d rendezvous settings in seconds, e.g. last_call_timeout=5,"
-                     "keep_alive_interval=1 (how fast a lost node is noticed)")  # fmt: skip
+                     help="c10d rendezvous settings (seconds, counts), e.g. "
+                     "last_call_timeout=5,keep_alive_interval=1: how fast a lost node is "
+                     "noticed")  # fmt: skip
     run.add_argument("--no-slurm", action="store_true", help="ignore SLURM variables")
     run.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module")
     run.add_argument("script", help="training script (or module with -m)")
