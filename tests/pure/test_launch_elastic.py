@@ -71,7 +71,7 @@ BAD = {
     "zero": ({"rdzv_conf": ("join_timeout=0",)}, "a whole number >= 1"),
     "one-node": (
         {**ONE_NODE, "rdzv_conf": ("join_timeout=5",)},
-        "--rdzv-conf applies to the c10d rendezvous of --nnodes > 1 only",
+        "--rdzv-conf applies to the c10d rendezvous of --nnodes > 1 (or --rdzv-endpoint)",
     ),
 }
 

@@ -112,7 +112,10 @@ def _check_elastic(spec: RunSpec) -> None:
         if not value.isdigit() or int(value) < 1:
             raise UsageError(f"--rdzv-conf {item!r}: the value must be a whole number >= 1")
     if spec.rdzv_conf and spec.nnodes == 1 and spec.rdzv_endpoint is None:
-        raise UsageError("--rdzv-conf applies to the c10d rendezvous of --nnodes > 1 only")
+        raise UsageError(
+            "--rdzv-conf applies to the c10d rendezvous of --nnodes > 1 (or --rdzv-endpoint); "
+            "one node alone uses --standalone: drop --rdzv-conf"
+        )
 
 
 def _outer_tasks_on_node(environ: Mapping[str, str]) -> tuple[str, int]:
