@@ -125,3 +125,15 @@ def test_hang_on_nccl_ranks_is_named_and_stops_the_run(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode != 0 and "exitcode: 3" in result.stderr, result.stderr[-3000:]
     assert "rank 1 (" in result.stderr and "in on_step_end" in result.stderr
+
+
+@pytest.mark.timeout(180)
+def test_loader_workers_of_gpu_ranks_start_from_the_fork_server(tmp_path: Path) -> None:
+    """A plain DataLoader with pinned memory on NCCL ranks: workers come from the fork server."""
+    cmd = [str(VENV_BIN / "phalanx"), "run", "-n", str(ranks()),
+           str(SUPPORT / "fork_probe.py"), str(tmp_path), "--pin"]  # fmt: skip
+    result = run(cmd, timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for record in json.loads((tmp_path / "fork.json").read_text()):
+        assert str(record["device"]).startswith("cuda") and record["method"] == "forkserver"
+        assert len(record["parents"]) == 1 and record["pid"] not in record["parents"]

@@ -1,11 +1,12 @@
 """Worker script for fork-safety tests: who starts the DataLoader workers of a rank?
 
-    phalanx run -n 2 fork_probe.py OUT_DIR [--keep-fork]
+    phalanx run -n 2 fork_probe.py OUT_DIR [--keep-fork] [--pin]
 
 Each rank joins the group, then iterates a plain `torch.utils.data.DataLoader` of its own (not
 phalanx's loader) with 2 workers while a thread of its own runs; each sample is the pid of the
 process that forked the worker. Rank 0 writes OUT_DIR/fork.json with every rank's pid and the
-parents it saw. `--keep-fork` chooses fork before phalanx starts, as a script that needs it does.
+parents it saw. `--keep-fork` chooses fork before phalanx starts, as a script that needs it does;
+`--pin` pins the batches (a pin-memory thread in the rank, on GPUs).
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ def main() -> None:
         stop = threading.Event()
         busy = threading.Thread(target=stop.wait, daemon=True)
         busy.start()
-        loader = DataLoader(ParentPids(), batch_size=2, num_workers=2)
+        loader = DataLoader(
+            ParentPids(), batch_size=2, num_workers=2, pin_memory="--pin" in sys.argv
+        )
         parents = sorted({int(pid) for batch in loader for pid in batch})
         stop.set()
         busy.join()
-        record = {"pid": os.getpid(), "parents": parents,
+        record = {"pid": os.getpid(), "parents": parents, "device": str(d.device),
                   "method": multiprocessing.get_start_method()}  # fmt: skip
         records = phalanx.all_gather_object(record)
         if d.env.is_main_process:
