@@ -4,8 +4,9 @@ node1 hosts the c10d rendezvous store; node2's agent and all its workers are SIG
 (node2, because the store's host is the one node c10d cannot lose). node1's workers lose their
 gloo peers, its agent restarts them without node2, and they resume from the newest checkpoint on
 half the world size at the same global sample position. A node2 started again joins at the next
-restart. Every step's sample ids are recorded per rank (tests/support/ckpt_worker.py), so each
-epoch is checked against the global order, sample by sample.
+restart; killed again, the job finishes on node1. Every step's sample ids are recorded per rank
+(tests/support/ckpt_worker.py), so each epoch is checked against the global order, sample by
+sample, and the final step against the step count the world sizes imply.
 """
 
 from __future__ import annotations
