@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import threading
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -173,3 +177,38 @@ def test_the_fork_server_preloads_the_packages_the_script_imported() -> None:
     # This process's __main__ is pytest's: `from pytest import console_main as _console_main`.
     assert {"torch", "phalanx", "_pytest"} <= set(names)
     assert "builtins" not in names and all("." not in name for name in names)
+
+
+def signal_new_fork_servers(stop: threading.Event) -> None:
+    """SIGUSR2 to every fork server this process starts, as fast as possible, until `stop`."""
+    while not stop.is_set():
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmd = (entry / "cmdline").read_bytes()
+                if int(stat[1]) == os.getpid() and b"multiprocessing.forkserver" in cmd:
+                    os.kill(int(entry.name), signal.SIGUSR2)
+            except (OSError, ValueError, IndexError):
+                continue  # not a process, or gone while we looked
+
+
+@pytest.mark.timeout(120)
+def test_a_preemption_signal_while_the_fork_server_starts_does_not_kill_it() -> None:
+    """SLURM's time-limit USR2 can come seconds after the start, while the server imports torch."""
+    script = """
+import os, signal, sys, threading
+sys.path.insert(0, os.getcwd())
+from tests.pure.test_data_loader import ParentPids, signal_new_fork_servers
+from phalanx.data import make_eval_loader
+from tests.support.envtables import single_node
+if __name__ == "__main__":
+    signal.signal(signal.SIGUSR2, lambda *_: None)  # the rank's own handler
+    stop = threading.Event()
+    threading.Thread(target=signal_new_fork_servers, args=(stop,), daemon=True).start()
+    loader = make_eval_loader(ParentPids(), env=single_node(0, 1), batch_size=2, num_workers=2)
+    print(sum(len(batch) for batch in loader))
+    stop.set()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=100, cwd=Path(__file__).parents[2])  # fmt: skip
+    assert done.returncode == 0 and done.stdout.split() == ["8"], done.stderr[-2000:]

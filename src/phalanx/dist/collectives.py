@@ -53,8 +53,12 @@ def all_reduce_scalars(values: Mapping[str, float], *, op: str = "mean") -> dict
     tensor = torch.tensor(
         [float(values[k]) for k in keys], dtype=torch.float64, device=_collective_device()
     )
-    torch_op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM,
-                "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
+    torch_op = {
+        "mean": dist.ReduceOp.SUM,
+        "sum": dist.ReduceOp.SUM,
+        "min": dist.ReduceOp.MIN,
+        "max": dist.ReduceOp.MAX,
+    }[op]
     dist.all_reduce(tensor, op=torch_op)
     if op == "mean":
         tensor /= dist.get_world_size()

@@ -21,12 +21,17 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 from types import ModuleType
 
 from phalanx.errors import UsageError
 
 log = logging.getLogger(__name__)
+
+PREEMPTION_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+"""Left to the rank: the fork server and its workers ignore them (forkserver_child, which this
+module must not import: importing it makes a process a fork server)."""
 
 
 def script_packages() -> list[str]:
@@ -60,7 +65,14 @@ def start_forkserver() -> None:
     """
     preload_forkserver()
     child = multiprocessing.get_context("forkserver").Process(target=os.getpid, daemon=True)
-    child.start()
+    # The server is a fresh interpreter: until its preload ignores them, SIGUSR2 and SIGTERM
+    # would kill it (SLURM's time-limit signal often comes seconds after the start). A blocked
+    # signal stays blocked across fork and exec, and here it stays pending until unblocked.
+    signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)
+    try:
+        child.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, PREEMPTION_SIGNALS)
     child.join()
     if child.exitcode != 0:
         raise UsageError(

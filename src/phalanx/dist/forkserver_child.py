@@ -23,6 +23,7 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+PREEMPTION_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)  # as phalanx.dist.forking's
 
 
 def die_with_parent() -> None:
@@ -32,8 +33,11 @@ def die_with_parent() -> None:
 
 
 def _as_fork_server() -> None:
-    for signum in (signal.SIGUSR2, signal.SIGTERM):
+    for signum in PREEMPTION_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    # phalanx starts the server with these blocked (forking.start_forkserver): one that came
+    # during its start is pending, and now discarded.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PREEMPTION_SIGNALS)
     die_with_parent()
     if os.getppid() == 1:
         os._exit(0)  # the rank died before the request above took effect
