@@ -7,6 +7,7 @@ these tests pin the mechanism on real torchrun ranks.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -64,14 +65,20 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.timeout(120)
-def test_an_unpicklable_collate_fn_stops_the_run_with_the_fix(tmp_path: Path) -> None:
+def run_script(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
+    """`text` as train.py on 2 ranks with 1 loader worker each: it must fail."""
     script = tmp_path / "train.py"
-    script.write_text(TRAIN_WITH_LAMBDA)
+    script.write_text(text)
     cmd = [str(VENV_BIN / "phalanx"), "run", "-n", "2", str(script), "data.num_workers=1",
            f"run.root={tmp_path / 'runs'}", "train.progress=false"]  # fmt: skip
     result = run(cmd, timeout=100)
     assert result.returncode != 0
+    return result
+
+
+@pytest.mark.timeout(120)
+def test_an_unpicklable_collate_fn_stops_the_run_with_the_fix(tmp_path: Path) -> None:
+    result = run_script(tmp_path, TRAIN_WITH_LAMBDA)
     lines = [line for line in result.stderr.splitlines() if "need a picklable" in line]
     assert len(lines) == 2, result.stderr  # one per rank, each one line with the fixes
     assert all("data.num_workers=0" in line and "lambda" in line for line in lines)
@@ -121,12 +128,7 @@ with phalanx.distributed(cfg) as d:
 @pytest.mark.timeout(120)
 def test_a_script_without_main_guard_stops_before_training_with_the_fix(tmp_path: Path) -> None:
     """Workers import the script as __mp_main__; the fork server's start-up child finds out."""
-    script = tmp_path / "train.py"
-    script.write_text(UNGUARDED)
-    cmd = [str(VENV_BIN / "phalanx"), "run", "-n", "2", str(script), "data.num_workers=1",
-           f"run.root={tmp_path / 'runs'}", "train.progress=false"]  # fmt: skip
-    result = run(cmd, timeout=100)
-    assert result.returncode != 0
+    result = run_script(tmp_path, UNGUARDED)
     assert result.stderr.count('put the training under `if __name__ == "__main__":`') == 2
     assert result.stderr.count("could not start through the fork server") == 2
     assert "step 1" not in result.stdout + result.stderr  # stopped before any training step
