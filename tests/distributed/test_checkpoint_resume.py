@@ -207,6 +207,7 @@ def test_writer_process_survives_the_signals_that_stop_the_run(tmp_path: Path) -
 def test_script_that_trains_at_import_gets_one_line_with_the_fix(tmp_path: Path) -> None:
     # The writer process imports the main script again; without an `if __name__` guard that
     # would train a second time in there. It must stop with the fix instead, and no hang.
+    # No loader workers: their fork server would catch the script first (test_fork_safety).
     script = tmp_path / "unguarded.py"
     script.write_text(
         f"import sys\nsys.path.insert(0, {str(Path(WORKER).parent)!r})\n"
@@ -214,7 +215,7 @@ def test_script_that_trains_at_import_gets_one_line_with_the_fix(tmp_path: Path)
     )
     result = run(
         [str(VENV_BIN / "phalanx"), "run", "-n", "2", str(script), f"run.dir={tmp_path / 'run'}",
-         *COMMON, *ASYNC_PROCESS],
+         *COMMON, *ASYNC_PROCESS, "data.num_workers=0"],
         timeout=150,
     )  # fmt: skip
     assert result.returncode != 0
