@@ -132,3 +132,33 @@ def test_a_script_without_main_guard_stops_before_training_with_the_fix(tmp_path
     assert result.stderr.count('put the training under `if __name__ == "__main__":`') == 2
     assert result.stderr.count("could not start through the fork server") == 2
     assert "step 1" not in result.stdout + result.stderr  # stopped before any training step
+
+
+CRASH_WITH_WORKERS = """
+import torch, phalanx
+from torch.utils.data import TensorDataset
+from phalanx.data import make_train_loader
+def main():
+    with phalanx.distributed(phalanx.DistConfig()) as d:
+        data = TensorDataset(torch.arange(64.0))
+        loader = make_train_loader(data, env=d.env, batch_size=4, seed=0, num_workers=2)
+        for step, _ in enumerate(loader):
+            if step == 3:
+                raise RuntimeError("boom")
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_crash_with_live_loader_workers_exits_at_once(tmp_path: Path) -> None:
+    """The traceback keeps the loader alive; multiprocessing's exit handler sent SIGTERM to its
+    workers (which ignore it, for SLURM's sake) and waited forever. phalanx bounds that wait.
+    The teardown watchdog would end it after 60 s with a stack dump: 45 s must be enough."""
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH_WITH_WORKERS)
+    result = run([str(VENV_BIN / "python"), str(script)], timeout=45,
+                 env=base_env({"TEST_TAG": str(tmp_path)}))  # fmt: skip
+    assert result.returncode == 1 and "RuntimeError: boom" in result.stderr, result.stderr[-3000:]
+    assert "Fatal Python error" not in result.stderr  # not the teardown watchdog's dump
+    assert not processes_tagged(str(tmp_path))

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import sys
+import time
 from types import ModuleType
 
 from phalanx.errors import UsageError
@@ -81,6 +83,27 @@ def start_forkserver() -> None:
         )
 
 
+def stop_daemon_children(grace_s: float = 2.0) -> None:
+    """At exit: what multiprocessing's exit handler does with daemonic children, with a deadline.
+
+    That handler sends SIGTERM to every daemonic child and then waits for each, forever. A crash
+    leaves its DataLoader alive in the traceback, and its workers ignore SIGTERM here (SLURM
+    sends it to every process of a step; only the rank may act on it), so the wait never ended
+    (seen with fork and fork server alike). Children that honour SIGTERM still get `grace_s` to
+    leave; the rest are killed: they are daemons, ended with their parent by definition.
+    """
+    daemons = [child for child in multiprocessing.active_children() if child.daemon]
+    for child in daemons:
+        child.terminate()
+    deadline = time.monotonic() + grace_s
+    for child in daemons:
+        child.join(max(0.0, deadline - time.monotonic()))
+    for child in daemons:
+        if child.is_alive():
+            child.kill()
+            child.join()
+
+
 def prefer_forkserver() -> None:
     """Make "forkserver" this process's default start method, unless one was already chosen.
 
@@ -88,6 +111,8 @@ def prefer_forkserver() -> None:
     `multiprocessing.set_start_method("fork")` before phalanx.init().
     """
     preload_forkserver()
+    # Before multiprocessing's own exit handler: finalizers of priority >= 0 run first there.
+    multiprocessing.util.Finalize(None, stop_daemon_children, exitpriority=10)
     if multiprocessing.get_start_method(allow_none=True) is not None:
         return
     multiprocessing.set_start_method("forkserver")
