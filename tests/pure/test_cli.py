@@ -76,7 +76,7 @@ BAD_INPUT = {
     ),
     "slurm-inconsistent": (
         ["info", "--json"],
-        srun(3, 1, 1, SLURM_STEP_NUM_TASKS="5"),
+        srun(0, 0, 0, SLURM_STEP_NUM_TASKS="5"),
         ["inconsistent SLURM variables", "SLURM_STEP_NUM_TASKS=5"],
     ),
     "slurm-bad-nodelist": (
@@ -117,8 +117,11 @@ def test_bad_run_flags(script: str, flags: list[str], words: list[str]) -> None:
 
 
 def test_run_inside_srun_with_two_tasks_per_node_is_refused(script: str) -> None:
-    result = phalanx("run", "-n", "2", script, extra=srun(3, 1, 1))
+    result = phalanx("run", "-n", "2", script, extra=srun(0, 0, 0))
     assert_usage_error(result, ["phalanx run: error:", "double spawn", "--ntasks-per-node=1"])
+    # Every other task of the step stops too, silently: the job gets the line once.
+    other = phalanx("run", "-n", "2", script, extra=srun(3, 1, 1))
+    assert other.returncode == 2 and not other.stderr.strip(), other.stderr
 
 
 def test_mpi_without_mpi4py_or_master_addr(no_mpi4py_path: str) -> None:
