@@ -10,10 +10,10 @@ Inside a CheckpointStore step directory the DCP files sit in `sharded/`, beside 
 files, and go through the same atomic publish (checksums in meta.json cover them too):
 
     handle = save_sharded(sharded_dir(store, step), {"model": model, "optimizer": optimizer})
-    handle.wait()                       # every rank
-    barrier()
-    if rank == 0:
-        store.commit(step, world_size=world_size, meta=meta)
+    handle.wait()                       # every rank; this rank's files are hashed by now
+    records = all_gather_object(handle.records)
+    if rank == 0:                       # only stats the files, does not read them again
+        store.commit(step, world_size=world_size, meta=meta, records=files.merge(records))
     barrier()
     ...
     load_sharded(store.step_dir(step), model, optimizer)   # every rank of the new job
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from contextlib import nullcontext
@@ -96,14 +97,25 @@ def find_sharded(path: Path) -> Path | None:
 
 class SaveHandle:
     """A sharded save; `wait()` returns once this rank's part (and, on the coordinator rank,
-    DCP's metadata) is on disk, and re-raises the save's error if it failed."""
+    DCP's metadata) is on disk and hashed, and re-raises the save's error if it failed.
+
+    `records` then holds the sha256 and size of the files this rank wrote, keyed by their path
+    below the DCP directory's parent (the step directory): pass them to `CheckpointStore.commit`
+    (gathered from every rank) so that the commit does not read the files again.
+    """
 
     def __init__(
-        self, path: Path, future: Future[Any] | None, owned_group: dist.ProcessGroup | None
+        self,
+        path: Path,
+        future: Future[dict[str, files.FileRecord]] | None,
+        owned_group: dist.ProcessGroup | None,
+        *,
+        records: dict[str, files.FileRecord] | None = None,
     ) -> None:
         self.path = path
         self._future = future
         self._owned_group = owned_group
+        self.records: dict[str, files.FileRecord] = records or {}
 
     def done(self) -> bool:
         """True once the write has finished (successfully or not); never blocks."""
@@ -123,7 +135,7 @@ class SaveHandle:
         """Wait for this rank's write only, with no collective (for error paths)."""
         if self._future is not None:
             future, self._future = self._future, None
-            future.result(timeout)
+            self.records = future.result(timeout)
 
 
 def save_sharded(
@@ -146,7 +158,7 @@ def save_sharded(
     payload = _prepare(step_dir, state)
     if not async_:
         dcp_save(payload, checkpoint_id=step_dir, process_group=process_group)
-        return SaveHandle(step_dir, None, None)
+        return SaveHandle(step_dir, None, None, records=own_records(step_dir, process_group))
     group = _new_gloo_group() if process_group is None else process_group
     return _start_async(step_dir, payload, group, stager=None, owns_group=process_group is None)
 
@@ -215,11 +227,17 @@ class AsyncSaver:
             share_memory=self._writer is AsyncCheckpointerType.PROCESS,
         )
         self._pending: SaveHandle | None = None
+        self._last: SaveHandle | None = None
         self._on_done: Callable[[], None] | None = None
         if self._writer is AsyncCheckpointerType.PROCESS:
             # Runs before multiprocessing's own exit handler (atexit is last-in, first-out),
             # which could not stop a writer that blocks SIGTERM.
             atexit.register(stop_writer_process)
+
+    @property
+    def last(self) -> SaveHandle | None:
+        """The latest save's handle: its `records` are filled once it was waited for."""
+        return self._last
 
     @property
     def pending(self) -> bool:
@@ -246,6 +264,7 @@ class AsyncSaver:
             self._pending = _start_async(
                 step_dir, payload, self._group, stager=self._stager, writer=self._writer
             )
+        self._last = self._pending
         self._on_done = on_done
         return self._pending
 
@@ -342,7 +361,48 @@ def _start_async(
         async_checkpointer_type=writer,
     )
     future = response if isinstance(response, Future) else response.upload_completion
-    return SaveHandle(step_dir, future, group if owns_group else None)
+    hashed = _then_hash(future, step_dir, group)
+    return SaveHandle(step_dir, hashed, group if owns_group else None)
+
+
+def own_records(
+    dcp_dir: Path, group: dist.ProcessGroup | None = None
+) -> dict[str, files.FileRecord]:
+    """Records of the DCP files this rank wrote into `dcp_dir`, keyed by path below its parent.
+
+    DCP names a rank's files `__<rank in the group>_<n>.distcp`; its coordinator (rank 0) also
+    writes `.metadata`. A file missed here is not lost: the commit hashes whatever has no record.
+    """
+    rank = dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
+    mine = sorted(dcp_dir.glob(f"__{rank}_*.distcp"))
+    if rank == 0 and (dcp_dir / DCP_METADATA).is_file():
+        mine.append(dcp_dir / DCP_METADATA)
+    digests = files.hash_all(mine)
+    return {
+        f"{dcp_dir.name}/{path.name}": {"sha256": digest, "size": path.stat().st_size}
+        for path, digest in zip(mine, digests, strict=True)
+    }
+
+
+def _then_hash(
+    write: Future[Any], dcp_dir: Path, group: dist.ProcessGroup | None
+) -> Future[dict[str, files.FileRecord]]:
+    """A future of this rank's records, hashed by a thread of its own once `write` is done.
+
+    Off the training thread: hashlib and file reads release the GIL, and the bytes are still
+    in the page cache. A daemon thread, so that a write that never ends cannot hold the exit.
+    """
+    hashed: Future[dict[str, files.FileRecord]] = Future()
+
+    def run() -> None:
+        try:
+            write.result()
+            hashed.set_result(own_records(dcp_dir, group))
+        except BaseException as error:  # handed to whoever waits for the save
+            hashed.set_exception(error)
+
+    threading.Thread(target=run, name="phalanx-checkpoint-hash", daemon=True).start()
+    return hashed
 
 
 def _state_dicts(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,9 +8,11 @@
       .step-N.partial/     being written; invisible to readers
 
 Protocol — the caller synchronises ranks, this module never talks to peers:
-every rank calls `partial_dir(step)` and `write(step, name, payload)`; barrier; one process calls
-`commit(step, world_size=..., meta=...)`; barrier. A crash at any point leaves the previous
-checkpoints as they were, plus possibly the new one complete.
+every rank calls `partial_dir(step)` and `write(step, name, payload)` (which returns the file's
+record: sha256 and size, hashed while writing); the records are gathered; one process calls
+`commit(step, world_size=..., meta=..., records=...)`; barrier. A crash at any point leaves the
+previous checkpoints as they were, plus possibly the new one complete. The commit only hashes
+files nobody gave a record for, so with every record it costs a `stat` per file.
 
 Loading is safe for phalanx's own files: `read()` uses `torch.load(weights_only=True)`, so a
 checkpoint directory from elsewhere cannot run code. Sharded checkpoints written with
@@ -28,6 +30,7 @@ import os
 import pickle
 import re
 import shutil
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
@@ -81,8 +84,10 @@ class CheckpointStore:
             raise files.storage_error(path, error) from None
         return path
 
-    def write(self, step: int, name: str, payload: dict[str, Any]) -> None:
+    def write(self, step: int, name: str, payload: dict[str, Any]) -> files.FileRecord:
         """torch.save `payload` as `name` in the partial directory: temp name, fsync, rename.
+
+        Returns the file's record (sha256 and size, computed while writing) for `commit`.
 
         On an OS error (no space, quota, read-only) the partial directory is removed, committed
         checkpoints stay untouched, and a one-line UsageError says what to do.
@@ -91,7 +96,7 @@ class CheckpointStore:
         partial = self.partial_dir(step)
         tmp = partial / f".{name}.{os.getpid()}{files.TMP_SUFFIX}"
         try:
-            files.save_synced(payload, tmp)
+            record = files.save_synced(payload, tmp)
             os.replace(tmp, partial / name)
         except OSError as error:
             shutil.rmtree(partial, ignore_errors=True)
@@ -100,12 +105,22 @@ class CheckpointStore:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise
+        return record
 
-    def commit(self, step: int, *, world_size: int, meta: dict[str, Any]) -> Path:
+    def commit(
+        self,
+        step: int,
+        *,
+        world_size: int,
+        meta: dict[str, Any],
+        records: Mapping[str, files.FileRecord] | None = None,
+    ) -> Path:
         """Seal the partial directory of `step` as `step-N/` (one process, after all writers).
 
-        Checksums every file, writes meta.json last and atomically, renames the directory into
-        place (replacing an older `step-N/`), then applies retention. Returns the step directory.
+        `records`: the writers' records by path relative to the step directory (from `write`,
+        `SaveHandle.records`); files without one are hashed here. Writes meta.json last and
+        atomically, renames the directory into place (replacing an older `step-N/`), then
+        applies retention. Returns the step directory.
         """
         partial = self.root / f".step-{step}.partial"
         if not partial.is_dir():
@@ -126,7 +141,7 @@ class CheckpointStore:
             record = {
                 "step": step,
                 "world_size": world_size,
-                "files": files.describe(partial),
+                "files": files.describe(partial, records),
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 **meta,
             }
@@ -138,6 +153,10 @@ class CheckpointStore:
             raise files.storage_error(partial, error) from error
         self._retain(step)
         return final
+
+    def committed_steps(self) -> list[int]:
+        """Steps with a step directory, ascending, not validated (see `valid_steps`)."""
+        return self._committed_steps()
 
     def valid_steps(self) -> list[int]:
         """Committed steps whose files all match their checksums, ascending.

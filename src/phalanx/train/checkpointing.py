@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from phalanx.checkpoint import CheckpointStore, capture_rng, restore_rng
+from phalanx.checkpoint import CheckpointStore, capture_rng, files, restore_rng
 from phalanx.checkpoint.sharded import (
     AsyncSaver,
     find_sharded,
@@ -31,6 +31,7 @@ from phalanx.checkpoint.sharded import (
     save_sharded,
     sharded_dir,
 )
+from phalanx.checkpoint.verify import newest_verified, verified
 from phalanx.config.coerce import to_plain
 from phalanx.dist.collectives import all_gather_object, barrier, broadcast_object
 from phalanx.errors import UsageError, first_line
@@ -73,8 +74,13 @@ def _trainer_payload(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def _write_files(trainer: Trainer, store: CheckpointStore, step: int) -> str | None:
-    """This rank's files; the error text instead of raising, so that all ranks can agree."""
+Records = dict[str, files.FileRecord]
+
+
+def _write_files(trainer: Trainer, store: CheckpointStore, step: int) -> tuple[str | None, Records]:
+    """This rank's files and the records of those already written; the error text instead of
+    raising, so that all ranks can agree."""
+    records: Records = {}
     try:
         store.partial_dir(step)
         if trainer.config.checkpoint.sharded:
@@ -89,16 +95,19 @@ def _write_files(trainer: Trainer, store: CheckpointStore, step: int) -> str | N
                         trainer.hang.before_exit(trainer.async_saver.kill_writer)
                 trainer.async_saver.save(sharded_dir(store, step), state)
             else:
-                save_sharded(sharded_dir(store, step), state)
-        store.write(step, f"rank-{trainer.env.rank}.pt", {"rng": capture_rng()})
+                records.update(save_sharded(sharded_dir(store, step), state).records)
+        name = f"rank-{trainer.env.rank}.pt"
+        records[name] = store.write(step, name, {"rng": capture_rng()})
         if trainer.env.is_main_process:
             if not trainer.config.checkpoint.sharded:
-                store.write(step, "model.pt", model_state_dict(trainer.model))
-                store.write(step, "optimizer.pt", trainer.optimizer.state_dict())
-            store.write(step, "trainer.pt", _trainer_payload(trainer))
+                records["model.pt"] = store.write(step, "model.pt", model_state_dict(trainer.model))
+                records["optimizer.pt"] = store.write(
+                    step, "optimizer.pt", trainer.optimizer.state_dict()
+                )
+            records["trainer.pt"] = store.write(step, "trainer.pt", _trainer_payload(trainer))
     except (UsageError, OSError, CheckpointException) as error:
-        return _rank_error(trainer, error)
-    return None
+        return _rank_error(trainer, error), records
+    return None, records
 
 
 def _rank_error(trainer: Trainer, error: BaseException) -> str:
@@ -119,10 +128,11 @@ def save_checkpoint(trainer: Trainer, *, wait: bool = False) -> Path | None:
     step = trainer.state.step
     # The metrics of the step being saved: an async commit happens steps later.
     meta = {"metrics": dict(trainer.last_eval), "config_sha256": config_fingerprint(trainer)}
-    errors = [e for e in all_gather_object(_write_files(trainer, store, step)) if e]
+    error, records = _write_files(trainer, store, step)
+    errors = [e for e in all_gather_object(error) if e]
     if errors:
         raise UsageError(f"checkpoint of step {step} failed ({errors[0]})")
-    trainer.pending_save = (step, meta)
+    trainer.pending_save = (step, meta, records)
     if trainer.async_saver is not None and trainer.async_saver.pending and not wait:
         return None
     return finish_pending_save(trainer)
@@ -132,23 +142,30 @@ def finish_pending_save(trainer: Trainer) -> Path | None:
     """Complete the save in flight on every rank, then commit it; None when there is none.
 
     Every rank calls it at the same point of the loop. A background write that failed on any
-    rank stops all ranks with one message; its step stays uncommitted (resume skips it).
+    rank stops all ranks with one message; its step stays uncommitted (resume skips it). Each
+    rank's writer hashed its own files, so rank 0's commit only checks their sizes.
     """
     if trainer.pending_save is None or trainer.store is None:
         return None
-    (step, meta), trainer.pending_save = trainer.pending_save, None
+    (step, meta, records), trainer.pending_save = trainer.pending_save, None
     error = None
     if trainer.async_saver is not None:
         try:
+            handle = trainer.async_saver.last
             trainer.async_saver.wait()
+            records.update(handle.records if handle is not None else {})
         except (OSError, RuntimeError, CheckpointException) as failed:
             error = _rank_error(trainer, failed)
-    errors = [e for e in all_gather_object(error) if e]
+    gathered = all_gather_object((error, records))
+    errors = [e for e, _ in gathered if e]
     if errors:
         raise UsageError(f"checkpoint of step {step} failed ({errors[0]})")
     path = None
     if trainer.env.is_main_process:
-        path = trainer.store.commit(step, world_size=trainer.env.world_size, meta=meta)
+        path = trainer.store.commit(
+            step, world_size=trainer.env.world_size, meta=meta,
+            records=files.merge(r for _, r in gathered),
+        )  # fmt: skip
         log.info("checkpoint step %d written to %s", step, path)
     barrier()  # nobody goes on (or exits) before the checkpoint is complete
     trainer.last_checkpoint_step = step
@@ -182,8 +199,7 @@ def _source(trainer: Trainer) -> tuple[CheckpointStore, int] | None:
     if ck.resume == "auto":
         if store is None:
             return None
-        step = store.latest_valid() if trainer.env.is_main_process else None
-        step = broadcast_object(step)
+        step = newest_verified(store)  # collective: all ranks check, each its share
         return (store, step) if step is not None else None
     path = Path(ck.resume)
     name = path.name
@@ -192,8 +208,9 @@ def _source(trainer: Trainer) -> tuple[CheckpointStore, int] | None:
             f"checkpoint.resume={ck.resume!r} is not auto, never or a .../step-N directory"
         )
     source = CheckpointStore(path.parent)
-    if int(name[5:]) not in source.valid_steps():
-        raise UsageError(f"checkpoint {path} is missing or invalid (see the warning above)")
+    problem = verified(source, int(name[5:]))
+    if problem is not None:
+        raise UsageError(f"checkpoint {path} is unusable: {problem}")
     return source, int(name[5:])
 
 

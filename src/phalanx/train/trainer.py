@@ -145,7 +145,8 @@ class Trainer:
         self.last_eval: dict[str, Any] = {}
         self.last_checkpoint_step = -1
         self.async_saver: AsyncSaver | None = None  # checkpoint.async_save: one write in flight
-        self.pending_save: tuple[int, dict[str, Any]] | None = None  # written, not committed
+        # Written, not committed: step, meta, this rank's file records so far.
+        self.pending_save: tuple[int, dict[str, Any], dict[str, Any]] | None = None
         self.store = make_store(self)
         self.watcher: PreemptionWatcher | None = None  # signal handlers live only in fit()
         self.hang: HangWatch | None = None  # the hang watchdog lives only in fit() too
