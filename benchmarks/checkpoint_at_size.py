@@ -166,6 +166,8 @@ def goals(table: dict[str, Any], dd: dict[str, Any], read: dict[str, Any], resum
             ratio = table[mode]["ratio"]["median"]
             out[f"async {mode}: cost <= 10% of sync"] = (f"{ratio:.1%}", ratio <= 0.10)
     for mode, rows in table.items():
+        if "commit_after_write_s" not in rows:  # only first saves
+            continue
         late = rows["commit_after_write_s"]["median"]
         out[f"{mode}: commit <= 1 s beyond the write"] = (f"{late:.2f} s", late <= 1.0)
     base = read["direct_s"] if read["cache_dropped"] else read["cached_s"]

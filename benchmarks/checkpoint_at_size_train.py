@@ -321,6 +321,8 @@ class SaveDriver(phalanx.Callback):
             sample["bytes"] = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
         sample.update({f"peak_{key}": value for key, value in self.sampler.peaks.items()})
         self.samples.append(sample)
+        if self.rank == 0:
+            print(json.dumps({"sample": sample}), flush=True)
         self.times = []
         if len(self.samples) == len(self.schedule):  # done: the last checkpoint stays
             train = replace(trainer.config.train, max_steps=trainer.state.step)
