@@ -83,6 +83,17 @@ def test_a_cgroup_limit_lowers_the_available_ram(tmp_path: Path) -> None:
     assert ram_free_bytes(tmp_path / "absent", cgroup=tmp_path) is None
 
 
+def test_a_cgroup_v1_limit_counts_too(tmp_path: Path) -> None:
+    memory = tmp_path / "memory"  # a container's view: its own cgroup is the mount's root
+    memory.mkdir()
+    (memory / "memory.limit_in_bytes").write_text(f"{4 * GiB}\n")
+    (memory / "memory.usage_in_bytes").write_text(f"{3 * GiB}\n")
+    (memory / "memory.stat").write_text(f"inactive_file 1\ntotal_inactive_file {GiB}\n")
+    assert cgroup_headroom(tmp_path) == 2 * GiB
+    (memory / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # unlimited
+    assert cgroup_headroom(tmp_path) is None
+
+
 def test_enough_room_keeps_the_writer_and_says_where_the_copy_lives() -> None:
     reports = [
         report("n1", 5 * GiB, 64 * GiB, 200 * GiB),

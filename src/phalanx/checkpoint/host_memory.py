@@ -142,7 +142,8 @@ def _own_cgroup(version: int) -> str:
         return "/"
     for line in lines:
         number, controllers, path = line.split(":", 2)
-        if (version == 2 and number == "0") or (version == 1 and "memory" in controllers):
+        wanted = number == "0" if version == 2 else "memory" in controllers.split(",")
+        if wanted:
             return path
     return "/"
 
