@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import phalanx
-from phalanx.train import model_state_dict
+from phalanx.train import model_state_dict, unwrap
 
 N, DIM = 96, 6
 
@@ -61,6 +61,9 @@ class Model:
     """Dropout probability (draws from each rank's RNG stream, which checkpoints restore)."""
     blocks: int = 0
     """Hidden blocks in an nn.ModuleList (FSDP's default units); 0: one hidden layer."""
+    extra: int = 0
+    """Elements of an extra trainable parameter (in the loss with weight 0): a larger model and
+    optimizer state for the host memory tests of async saves, with the same training."""
 
 
 class Stack(nn.Module):
@@ -159,7 +162,10 @@ def main() -> None:
                       "world": d.env.world_size, "pid": os.getpid()}  # fmt: skip
             ids_file.write(json.dumps(record) + "\n")
             ids_file.flush()
-            return nn.functional.mse_loss(model(x), y)
+            loss = nn.functional.mse_loss(model(x), y)
+            if d.config.model.extra:  # in the graph, so that DDP finds it used
+                loss = loss + 0.0 * unwrap(model).extra.sum()
+            return loss
 
         torch.manual_seed(0)
         spec = d.config.model
@@ -168,6 +174,8 @@ def main() -> None:
         )
         if spec.blocks:
             model = Stack(spec.blocks, spec.dropout)
+        if spec.extra:
+            model.register_parameter("extra", nn.Parameter(torch.zeros(spec.extra)))
         trainer = phalanx.Trainer(
             d, model=model, train_data=Augmented(d.config.fail.hang_in_first_batch),
             train_step=step,

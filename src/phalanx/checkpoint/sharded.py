@@ -22,7 +22,8 @@ Async saves (`async_=True`, or `AsyncSaver`): the state is copied to CPU memory 
 returns, then written by a background thread while training continues. The next save and process
 exit must wait for that write (`handle.wait()`, `AsyncSaver.save` / `close`); only then may the
 step be committed. `AsyncSaver` keeps the CPU copy (pinned when CUDA is available) between saves:
-host memory must hold one more copy of this rank's model and optimizer state.
+host memory must hold one more copy of this rank's model and optimizer state; its first save
+checks that the node can (host_memory.py) and falls back, on every rank alike, where it cannot.
 
 A save before the first optimizer step makes torch initialise the optimizer state with a
 zero-learning-rate step (Adam's step count then starts at 1).
@@ -62,6 +63,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
 
 from phalanx.checkpoint import files
+from phalanx.checkpoint.host_memory import StagingPlan, plan_staging
 from phalanx.checkpoint.staging import CachedStager
 from phalanx.checkpoint.store import CheckpointStore
 from phalanx.checkpoint.writer_process import (
@@ -217,6 +219,7 @@ class AsyncSaver:
         if writer not in WRITERS:
             raise UsageError(f"AsyncSaver writer={writer!r}: use one of {', '.join(WRITERS)}")
         self._writer = WRITERS[writer]
+        self._plan: StagingPlan | None = None
         self._owns_group = process_group is None
         self._group = _new_gloo_group() if process_group is None else process_group
         # One stager for all saves (see staging.py); the previous write has always finished
@@ -259,6 +262,14 @@ class AsyncSaver:
         """Wait for the previous save (and its `on_done`), then start this one."""
         self.wait()
         payload = _prepare(step_dir, state)
+        if self._plan is None:  # before anything is allocated; collective, like the save
+            pinned, writer = self._stager.pinned, str(self._writer.value)
+            self._plan = plan_staging(payload, writer=writer, pinned=pinned, group=self._group)
+            self._adopt(self._plan)
+        if self._plan.writer == "sync":
+            dcp_save(payload, checkpoint_id=step_dir, process_group=self._group)
+            self._pending, self._on_done = SaveHandle(step_dir, None, None), on_done
+            return self._pending
         # The first save spawns the writer process; it inherits the blocked signals.
         with signals_blocked() if self._writer is AsyncCheckpointerType.PROCESS else nullcontext():
             self._pending = _start_async(
@@ -327,6 +338,12 @@ class AsyncSaver:
         lost, uncommitted. A writer thread ends with the process."""
         if self._writer is AsyncCheckpointerType.PROCESS:
             kill_writer_process()
+
+    def _adopt(self, plan: StagingPlan) -> None:
+        if plan.writer != "process" and self._writer is AsyncCheckpointerType.PROCESS:
+            self._writer = AsyncCheckpointerType.THREAD
+            self._stager = CachedStager(pin_memory=self._stager.pinned)  # nothing allocated yet
+            atexit.unregister(stop_writer_process)
 
     def _stop_writer(self) -> None:
         if self._writer is AsyncCheckpointerType.PROCESS:

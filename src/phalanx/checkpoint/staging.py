@@ -53,6 +53,11 @@ class CachedStager(AsyncStager):
             torch.cuda.synchronize()
         return staged
 
+    @property
+    def pinned(self) -> bool:
+        """The copy is in page-locked memory."""
+        return self._pin
+
     def synchronize_staging(self) -> None:
         """Nothing to wait for: `stage` returns once the copy is complete."""
 

@@ -158,11 +158,13 @@ class CheckpointConfig:
     async_save: bool = False
     """Write sharded checkpoints in the background: training waits only for the copy to CPU
     memory (which then holds one more copy of the model and optimizer); the step is committed
-    once the write is complete, at the next save or the end. Needs sharded=true."""
+    once the write is complete, at the next save or the end. Needs sharded=true. Where the
+    node's RAM cannot hold that copy, saves stay synchronous, with a warning."""
     async_writer: str = "process"
     """Who writes async saves: process (DCP's writer process per rank: no competition with
-    training for the GIL; the script must guard its training with if __name__ == "__main__")
-    or thread (a thread of the training process)."""
+    training for the GIL; the script must guard its training with if __name__ == "__main__";
+    the copy lives in /dev/shm, and where that is too small the thread writer is used, with a
+    warning) or thread (a thread of the training process)."""
     on_signal: bool = True
     """SIGUSR2 / SIGTERM (and SLURM's time limit): checkpoint at the next step, requeue under
     SLURM when preempted or out of time, then stop (docs/checkpoints.md, "Preemption")."""
