@@ -268,7 +268,9 @@ class AsyncSaver:
             self._adopt(self._plan)
         if self._plan.writer == "sync":
             dcp_save(payload, checkpoint_id=step_dir, process_group=self._group)
-            self._pending, self._on_done = SaveHandle(step_dir, None, None), on_done
+            records = own_records(step_dir, self._group)
+            self._pending = self._last = SaveHandle(step_dir, None, None, records=records)
+            self._on_done = on_done
             return self._pending
         # The first save spawns the writer process; it inherits the blocked signals.
         with signals_blocked() if self._writer is AsyncCheckpointerType.PROCESS else nullcontext():
