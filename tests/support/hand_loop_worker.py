@@ -41,8 +41,6 @@ class Loop:
     """Per rank."""
     kill_at_step: int = 0
     """SIGKILL rank 0 right after this step, in a run that did not resume (0: never)."""
-    signal_at_step: int = 0
-    """Rank 1 sends itself SIGUSR2 (the preemption signal) after this step (0: never)."""
     mark_at_step: int = 0
     """Rank 0 writes marker-<SLURM_RESTART_COUNT>.txt after this step (tests wait for it)."""
 
@@ -152,8 +150,6 @@ def inject_faults(rank: int, step: int, loop: Loop, run_dir: Path, resumed: bool
     if rank == 0 and step == loop.mark_at_step:
         restart = os.environ.get("SLURM_RESTART_COUNT", "0")
         (run_dir / f"marker-{restart}.txt").write_text(str(step))
-    if rank == 1 and not resumed and step == loop.signal_at_step:
-        os.kill(os.getpid(), signal.SIGUSR2)  # one rank only: all must still stop together
 
 
 def main() -> None:
