@@ -34,6 +34,8 @@ _LAZY = {
             "shutdown",
         )
     },
+    "Checkpointer": "phalanx.checkpoint",
+    "TrainState": "phalanx.checkpoint",
     "Trainer": "phalanx.train",
     "Callback": "phalanx.train",
     "init": "phalanx.session",
@@ -42,6 +44,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from phalanx.checkpoint import Checkpointer, TrainState
     from phalanx.data.seeding import seed_everything
     from phalanx.dist import (
         Dist,
@@ -66,6 +69,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     # Some load on first use (see _LAZY); all are listed for type checkers.
     "Callback",
+    "Checkpointer",
     "ClusterEnv",
     "Config",
     "DataConfig",
@@ -74,6 +78,7 @@ __all__ = [
     "RunConfig",
     "RunDir",
     "TrainConfig",
+    "TrainState",
     "Trainer",
     "TrainerConfig",
     "UsageError",

@@ -2,33 +2,36 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
+import torch
 from torch.utils.data import IterableDataset
 
+from phalanx.config.training import TrainerConfig
 from phalanx.data.loader import make_iterable_loader, make_train_loader
 from phalanx.data.sampler import GlobalOrderSampler
-
-if TYPE_CHECKING:
-    from phalanx.train.trainer import Trainer
+from phalanx.env import ClusterEnv
 
 
-def train_loader(trainer: Trainer) -> Any:
-    """A loader that continues at the trainer's data position (epoch, global sample index)."""
-    data, env = trainer.config.data, trainer.env
+def train_loader(
+    dataset: Any, *, config: TrainerConfig, env: ClusterEnv, device: torch.device,
+    collate_fn: Callable[[list[Any]], Any] | None, start: tuple[int, int],
+) -> Any:  # fmt: skip
+    """A loader that continues at `start` = (epoch, global sample index)."""
+    data = config.data
     workers = None if data.num_workers < 0 else data.num_workers
-    pin = data.pin_memory and trainer.handle.device.type == "cuda"
-    if isinstance(trainer.train_data, IterableDataset):
+    pin = data.pin_memory and device.type == "cuda"
+    if isinstance(dataset, IterableDataset):
         return make_iterable_loader(
-            trainer.train_data, env=env, batch_size=data.batch_size,
-            seed=trainer.config.train.seed, num_workers=workers, collate_fn=trainer.collate_fn,
-            pin_memory=pin, worker_start=data.worker_start,
+            dataset, env=env, batch_size=data.batch_size, seed=config.train.seed,
+            num_workers=workers, collate_fn=collate_fn, pin_memory=pin,
+            worker_start=data.worker_start,
         )  # fmt: skip
     return make_train_loader(
-        trainer.train_data, env=env, batch_size=data.batch_size, seed=trainer.config.train.seed,
+        dataset, env=env, batch_size=data.batch_size, seed=config.train.seed,
         shuffle=data.shuffle, drop_last=data.drop_last, num_workers=workers,
-        collate_fn=trainer.collate_fn, pin_memory=pin,
-        start=(trainer.state.epoch, trainer.state.global_index), worker_start=data.worker_start,
+        collate_fn=collate_fn, pin_memory=pin, start=start, worker_start=data.worker_start,
     )  # fmt: skip
 
 

@@ -18,12 +18,9 @@ What phalanx decides for the user, and why:
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -102,12 +99,6 @@ def reshard_all(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
-
-
-def full_state_dict(model: nn.Module) -> dict[str, Any]:
-    """The whole model's state dict on CPU, on rank 0 (empty elsewhere). Collective."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options)
 
 
 def full_norm(norm: torch.Tensor) -> torch.Tensor:

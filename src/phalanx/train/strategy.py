@@ -14,8 +14,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from phalanx.checkpoint.checkpointer import module_state_dict
 from phalanx.dist.process_group import Dist
-from phalanx.train.fsdp import full_state_dict, is_sharded, shard_model
+from phalanx.train.fsdp import shard_model
 
 
 def resolve_strategy(requested: str, world_size: int) -> str:
@@ -75,8 +76,7 @@ def model_state_dict(model: nn.Module) -> dict[str, Any]:
 
     Sharded (train.strategy=fsdp): the whole state, gathered to CPU on rank 0 and empty on the
     others; a collective, so every rank must call it."""
-    inner = unwrap(model)
-    return full_state_dict(inner) if is_sharded(inner) else inner.state_dict()
+    return module_state_dict(unwrap(model))
 
 
 def ddp_module(model: nn.Module) -> DistributedDataParallel | None:

@@ -8,13 +8,14 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import torch
 from torch import nn
 
-from phalanx.checkpoint.sharded import AsyncSaver
+from phalanx.checkpoint.checkpointer import Checkpointer
+from phalanx.checkpoint.position import TrainState
 from phalanx.config.training import TrainerConfig
 from phalanx.data.loader import make_eval_loader, start_workers
 from phalanx.data.sampler import GlobalOrderSampler
@@ -26,14 +27,7 @@ from phalanx.lifecycle.hang import HangWatch
 from phalanx.lifecycle.preemption import PreemptionWatcher, RunInterrupted
 from phalanx.track import Tracking
 from phalanx.train.callbacks import Callback
-from phalanx.train.checkpointing import (
-    close_saver,
-    finish_pending_save,
-    make_store,
-    maybe_resume,
-    save_checkpoint,
-    stop_after_interrupt,
-)
+from phalanx.train.checkpointing import config_fingerprint, make_store
 from phalanx.train.evaluate import EvalFn, evaluate, lockstep_steps
 from phalanx.train.feeding import steps_per_epoch, train_loader
 from phalanx.train.guard import NanGuard, NonFiniteError
@@ -47,18 +41,6 @@ from phalanx.train.tracking import end_tracking, start_tracking
 from phalanx.train.watchdog import start_hang_watch
 
 log = logging.getLogger("phalanx.train")
-
-
-@dataclass
-class TrainState:
-    """Where training stands; the data position does not depend on the world size."""
-
-    step: int = 0
-    """Optimizer steps done."""
-    epoch: int = 0
-    """Current epoch."""
-    global_index: int = 0
-    """Samples of this epoch's global order already consumed (all ranks together)."""
 
 
 class Trainer:
@@ -82,7 +64,7 @@ class Trainer:
         eval_step: EvalFn | None = None,
         scheduler: Any = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
-        callbacks: Sequence[Callback] = (),
+        callbacks: Sequence[Callback[Any]] = (),
         flops_per_sample: float | None = None,
         tokens_per_sample: float | None = None,
     ) -> None:
@@ -138,19 +120,26 @@ class Trainer:
         self, flops_per_sample: float | None, tokens_per_sample: float | None
     ) -> None:
         """Position, history, checkpoints, preemption, throughput: what the loop keeps."""
-        self.control = ControlPlane()
+        self._control = ControlPlane()
         self.state = TrainState()
         self.history: list[dict[str, Any]] = []
         self.stop_requested = False
         self.last_eval: dict[str, Any] = {}
-        self.last_checkpoint_step = -1
-        self.async_saver: AsyncSaver | None = None  # checkpoint.async_save: one write in flight
-        # Written, not committed: step, meta, this rank's file records so far.
-        self.pending_save: tuple[int, dict[str, Any], dict[str, Any]] | None = None
-        self.store = make_store(self)
-        self.watcher: PreemptionWatcher | None = None  # signal handlers live only in fit()
-        self.hang: HangWatch | None = None  # the hang watchdog lives only in fit() too
-        self.tracking = Tracking([])  # opened by fit(), once the resume step is known
+        self._checkpointer = Checkpointer(
+            store=make_store(self.handle.run_dir, self.config),
+            model=unwrap(self.model),
+            optimizer=self.optimizer,
+            env=self.env,
+            config=self.config.checkpoint,
+            scheduler=self.scheduler,
+            scaler=self.precision.scaler,
+            fingerprint=config_fingerprint(self.config),
+            seed=self.config.train.seed,
+            on_commit=lambda step: self._tracking.durable(step),  # no re-run can change those
+        )
+        self._watcher: PreemptionWatcher | None = None  # signal handlers live only in fit()
+        self._hang: HangWatch | None = None  # the hang watchdog lives only in fit() too
+        self._tracking = Tracking([])  # opened by fit(), once the resume step is known
         self._total_steps = 0
         self.throughput = Throughput(
             world_size=self.env.world_size,
@@ -180,10 +169,10 @@ class Trainer:
         """Train until epochs or max_steps are done (or a stop); returns the logged history."""
         ck = self.config.checkpoint
         if ck.on_signal:
-            self.watcher = PreemptionWatcher(
+            self._watcher = PreemptionWatcher(
                 os.environ, time_margin_s=ck.time_margin_s, read_time_limit=self.env.is_main_process
             )
-        self.hang = start_hang_watch(self)
+        self._start_hang_watch()
         outcome = "crash"
         try:
             history = self._fit()
@@ -195,21 +184,29 @@ class Trainer:
         finally:
             # A stop may leave an async write uncommitted (no collective is safe here).
             self._stop_hang_watch()
-            close_saver(self, failed=outcome != "done")
-            end_tracking(self, outcome=outcome)
-            if self.watcher is not None and not self.stop_requested:
+            self._checkpointer.close(failed=outcome != "done")
+            end_tracking(self._tracking, outcome=outcome, config=self.config, env=self.env,
+                         run_dir=self.handle.run_dir)  # fmt: skip
+            if self._watcher is not None and not self.stop_requested:
                 # Past training a SIGTERM must kill again (torchrun stops the peers of a
                 # failed rank with it). A preempted run keeps the flag-only handler until it
                 # exits: its checkpoint is written, a second signal must not cut the requeue.
-                self.watcher.close()
+                self._watcher.close()
 
     def _fit(self) -> list[dict[str, Any]]:
-        maybe_resume(self)
-        start_tracking(self)
+        checkpointer = self._checkpointer
+        self.state = checkpointer.resume() or self.state
+        self._tracking = start_tracking(
+            self.config, env=self.env, run_dir=self.handle.run_dir, resume_step=self.state.step,
+            live=checkpointer.store is None,  # no checkpoints: nothing is ever trained twice
+        )  # fmt: skip
         for cb in self.callbacks:
             cb.on_train_start(self)
         self.throughput.restart()
-        loader = train_loader(self)
+        loader = train_loader(
+            self.train_data, config=self.config, env=self.env, device=self.handle.device,
+            collate_fn=self.collate_fn, start=(self.state.epoch, self.state.global_index),
+        )  # fmt: skip
         sampler = loader.sampler if isinstance(loader.sampler, GlobalOrderSampler) else None
         accum = self.config.train.grad_accum
         per_epoch = steps_per_epoch(sampler, accum) if sampler is not None else 0
@@ -227,10 +224,11 @@ class Trainer:
         if self.state.step % self.config.train.log_every:
             self._log()  # the tail since the last logging point
         if self.stop_requested:
-            stop_after_interrupt(self)  # raises RunInterrupted after checkpoint and requeue
-        if self.config.checkpoint.at_end and self.last_checkpoint_step != self.state.step:
-            save_checkpoint(self, wait=True)
-        finish_pending_save(self)  # the process may exit after fit(): nothing left in flight
+            # Raises RunInterrupted after the checkpoint and the requeue.
+            checkpointer.stop(self.state, self._watcher, metrics=self.last_eval)
+        if self.config.checkpoint.at_end and checkpointer.last_step != self.state.step:
+            checkpointer.save(self.state, metrics=self.last_eval, wait=True)
+        checkpointer.finish_pending()  # the process may exit after fit(): nothing in flight
         for cb in self.callbacks:
             cb.on_train_end(self)
         return self.history
@@ -249,15 +247,14 @@ class Trainer:
             self._beat("data")
             batches = self._micro_batches(it)
             self._beat("sync")
-            signalled = self.watcher is not None and self.watcher.requested
-            writing = self.async_saver is not None and self.async_saver.writing
-            agreed = self.control.agree(
+            signalled = self._watcher is not None and self._watcher.requested
+            agreed = self._control.agree(
                 has_data=len(batches) == train.grad_accum,
                 stop=self.stop_requested or signalled,
-                writing=writing,
+                writing=self._checkpointer.writing,
             )
-            if self.pending_save is not None and agreed.all_writes_done:
-                finish_pending_save(self)  # every rank's write is done: commit without waiting
+            if agreed.all_writes_done:
+                self._checkpointer.finish_pending()  # every rank's write is done: commit now
             if agreed.any_stop:
                 self.stop_requested = True
                 return False
@@ -281,7 +278,7 @@ class Trainer:
             if every and self.state.step % every == 0:
                 self._beat("checkpoint")
                 with self.throughput.paused():
-                    save_checkpoint(self)
+                    self._checkpointer.save(self.state, metrics=self.last_eval)
             for cb in self.callbacks:
                 cb.on_step_end(self)
         else:
@@ -339,14 +336,23 @@ class Trainer:
         self._beat("after")
         return values
 
+    def _start_hang_watch(self) -> None:
+        run_dir = self.handle.run_dir
+        self._hang = start_hang_watch(
+            self.config.train.hang_timeout_s, env=self.env,
+            report_dir=run_dir.diagnostics if run_dir is not None and not self.dry_run else None,
+        )  # fmt: skip
+        if self._hang is not None:  # its os._exit skips the checkpoint writer's clean-up
+            self._hang.before_exit(self._checkpointer.kill_writer)
+
     def _stop_hang_watch(self) -> None:
-        hang, self.hang = self.hang, None
+        hang, self._hang = self._hang, None
         if hang is not None:
             hang.close()
 
     def _beat(self, phase: str) -> None:
-        if self.hang is not None:
-            self.hang.beat(self.state.step, phase)
+        if self._hang is not None:
+            self._hang.beat(self.state.step, phase)
 
     def _log(self) -> None:
         """A logging point: the only place training values reach the host."""
@@ -379,7 +385,7 @@ class Trainer:
     def _record(self, values: dict[str, Any]) -> None:
         values = {"time": time.time(), **values}
         self.history.append(values)
-        self.tracking.log(values)
+        self._tracking.log(values)
 
     def state_dict(self) -> dict[str, Any]:
         """Training position (host values) for checkpoints."""

@@ -1,0 +1,103 @@
+"""Exact resume: which checkpoint to continue from, and loading it into the live objects.
+
+The step is chosen by all ranks together (verify.py: each verifies its share of the files), so
+that all ranks load the same one. A sharded (DCP)
+checkpoint is resharded to the current world size; the RNG streams are restored only on the
+world size that wrote them (elsewhere they start anew, with a warning).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer
+
+from phalanx.checkpoint.position import TrainState
+from phalanx.checkpoint.rng import restore_rng
+from phalanx.checkpoint.sharded import find_sharded, load_sharded
+from phalanx.checkpoint.store import CheckpointStore
+from phalanx.checkpoint.verify import newest_verified, verified
+from phalanx.env import ClusterEnv
+from phalanx.errors import UsageError
+
+log = logging.getLogger("phalanx.checkpoint")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restorable:
+    """The live objects a checkpoint loads into (model unwrapped: no DDP / compile wrapper)."""
+
+    model: nn.Module
+    optimizer: Optimizer
+    scheduler: Any = None
+    scaler: Any = None
+
+
+def resume_source(
+    resume: str, store: CheckpointStore | None, env: ClusterEnv
+) -> tuple[CheckpointStore, int] | None:
+    """The (store, step) that `resume` (auto, never or a .../step-N path) names, or None."""
+    if resume == "never":
+        return None
+    if store is not None and env.is_main_process:
+        # A crash can leave a half-written newer step; its files must not be sealed into the
+        # checkpoint of that step when training reaches it again. The broadcast below orders
+        # this before any rank's next write.
+        store.remove_partials()
+    if resume == "auto":
+        if store is None:
+            return None
+        step = newest_verified(store)  # collective: all ranks verify, each its share
+        return (store, step) if step is not None else None
+    path = Path(resume)
+    name = path.name
+    if not name.startswith("step-") or not name[5:].isdigit():
+        raise UsageError(
+            f"checkpoint.resume={resume!r} is not auto, never or a .../step-N directory"
+        )
+    source = CheckpointStore(path.parent)
+    problem = verified(source, int(name[5:]))  # that step only
+    if problem is not None:
+        raise UsageError(f"checkpoint {path} is unusable: {problem}")
+    return source, int(name[5:])
+
+
+def load_checkpoint(
+    store: CheckpointStore, step: int, into: Restorable, *, env: ClusterEnv,
+    fingerprint: str | None,
+) -> TrainState:  # fmt: skip
+    """Load committed `step` into `into` (collective for sharded checkpoints); its position."""
+    if find_sharded(store.step_dir(step)) is not None:  # collective; reshards to this world
+        load_sharded(store.step_dir(step), into.model, into.optimizer)
+    else:
+        into.model.load_state_dict(store.read(step, "model.pt"))
+        into.optimizer.load_state_dict(store.read(step, "optimizer.pt"))
+    payload = store.read(step, "trainer.pt")
+    if into.scheduler is not None and payload["scheduler"] is not None:
+        into.scheduler.load_state_dict(payload["scheduler"])
+    if into.scaler is not None and payload["scaler"] is not None:
+        into.scaler.load_state_dict(payload["scaler"])
+    state = TrainState(
+        step=payload["step"], epoch=payload["epoch"], global_index=payload["global_index"]
+    )
+    if payload["world_size"] == env.world_size:
+        restore_rng(store.read(step, f"rank-{env.rank}.pt")["rng"])
+    elif env.is_main_process:
+        log.warning(
+            "resuming a %d-rank checkpoint on %d ranks: data continues at sample %d of epoch "
+            "%d, random number streams start anew",
+            payload["world_size"], env.world_size, state.global_index, state.epoch,
+        )  # fmt: skip
+    changed = fingerprint is not None and store.meta(step).get("config_sha256") != fingerprint
+    if changed and env.is_main_process:
+        log.warning(
+            "the config differs from the one checkpoint step-%d was trained with (the run "
+            "directory keeps the earlier config.yaml beside the current one)", step,
+        )  # fmt: skip
+    log.info("resumed from %s: step %d, epoch %d, sample %d", store.step_dir(step),
+             step, state.epoch, state.global_index)  # fmt: skip
+    return state
