@@ -43,7 +43,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from phalanx.checkpoint.sharded import AsyncSaver, save_sharded
+from phalanx.checkpoint.async_saver import AsyncSaver
+from phalanx.checkpoint.sharded import save_sharded
 from phalanx.dist import DistConfig, init_group, shutdown
 
 GOAL = 0.10

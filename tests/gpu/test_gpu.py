@@ -77,7 +77,8 @@ def test_fsdp_on_gpus_trains_like_ddp(tmp_path: Path, extra: tuple[str, ...]) ->
 ASYNC_SAVES = """
 import sys, torch, phalanx
 from pathlib import Path
-from phalanx.checkpoint.sharded import AsyncSaver, load_sharded
+from phalanx.checkpoint.async_saver import AsyncSaver
+from phalanx.checkpoint.sharded import load_sharded
 out, writer = Path(sys.argv[1]), sys.argv[2]
 phalanx.init()
 torch.manual_seed(0)

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from phalanx.checkpoint import CheckpointStore
+from phalanx.checkpoint.async_saver import AsyncSaver
 from phalanx.checkpoint.sharded import (
-    AsyncSaver,
     find_sharded,
     load_sharded,
     save_sharded,

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from phalanx.checkpoint import host_memory
+from phalanx.checkpoint.async_saver import AsyncSaver
 from phalanx.checkpoint.host_memory import (
     RankReport,
     cgroup_headroom,
@@ -23,7 +24,7 @@ from phalanx.checkpoint.host_memory import (
     shm_free_bytes,
     staging_bytes,
 )
-from phalanx.checkpoint.sharded import AsyncSaver, load_sharded
+from phalanx.checkpoint.sharded import load_sharded
 from phalanx.checkpoint.writer_process import _dcp_writer
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")

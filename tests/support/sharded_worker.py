@@ -26,7 +26,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
 from phalanx.checkpoint import CheckpointStore
-from phalanx.checkpoint.sharded import AsyncSaver, SaveHandle, load_sharded, save_sharded
+from phalanx.checkpoint.async_saver import AsyncSaver
+from phalanx.checkpoint.sharded import SaveHandle, load_sharded, save_sharded
 from phalanx.checkpoint.sharded import sharded_dir as step_sharded_dir
 from phalanx.dist import DistConfig, barrier, init_group, shutdown
 

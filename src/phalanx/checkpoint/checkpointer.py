@@ -29,10 +29,11 @@ from torch.distributed.fsdp import FSDPModule
 from torch.optim import Optimizer
 
 from phalanx.checkpoint import files
+from phalanx.checkpoint.async_saver import AsyncSaver
 from phalanx.checkpoint.position import TrainState
 from phalanx.checkpoint.resume import Restorable, load_checkpoint, resume_source
 from phalanx.checkpoint.rng import capture_rng
-from phalanx.checkpoint.sharded import AsyncSaver, save_sharded, sharded_dir
+from phalanx.checkpoint.sharded import save_sharded, sharded_dir
 from phalanx.checkpoint.stop import interrupted
 from phalanx.checkpoint.store import CheckpointStore
 from phalanx.config.training import CheckpointConfig
