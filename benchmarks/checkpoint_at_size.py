@@ -1,5 +1,6 @@
-"""Sharded checkpoints at size (issue 12, item 4): a phalanx Trainer run with FSDP on several
-GPUs saves ~20 GB of model + AdamW state, sync and async, then a fresh job resumes from it.
+"""Sharded checkpoints at size (issue 12, item 4): a training loop with FSDP on several GPUs
+saves ~20 GB of model + AdamW state, sync and async, then a fresh job resumes from it. The loop
+is hand-written on `phalanx.Checkpointer`, the protocol the Trainer runs (see the worker).
 
     python benchmarks/checkpoint_at_size.py [--nproc 2] [--shape 20gb|small|tiny] [--reps 5]
         [--modes sync,process,thread] [--dir /tmp/phalanx-ckpt-bench] [--dd-gib 4]
@@ -15,10 +16,10 @@ One folder (`--dir`, on the disk under test) holds everything; in order:
    - blocked_s: the saving step's time (step + save call) - baseline. Sync: the whole save and
      commit. Async: the copy to CPU (the first save of each writer also allocates the copy and
      starts the writer: reported apart, marked first);
-   - slowdown_s: async, sum over the steps until the Trainer commits the save of (step -
+   - slowdown_s: async, sum over the steps until the loop commits the save of (step -
      baseline), the commit's own step included; cost_s = blocked + slowdown;
      ratio = cost / the median sync save;
-   - write_s: save start to the end of the slowest rank's write (sync: DCP's save; async: the
+   - write_s: the slowest rank's write (sync: DCP's save; async: save start to the end of the
      write in the background, seen by a 50 ms poll); write_GBps = bytes / write_s;
    - commit_s: `CheckpointStore.commit` on rank 0 (checksums, meta.json, rename);
      commit_after_write_s: end of the commit - end of the slowest write;
@@ -27,8 +28,9 @@ One folder (`--dir`, on the disk under test) holds everything; in order:
 3. read once: every file of the last checkpoint with dd iflag=direct (the disk, cold) after
    dropping the page cache if allowed; after the resume, with cat (warm, from the page cache).
 4. resume: a fresh torchrun job, checkpoint.resume=auto: launch to the end of the first resumed
-   step (resume_s), with its parts (start: launch to main(); group; model + Trainer; load_s:
-   finding, verifying and loading the checkpoint; first step).
+   step (resume_s), with its parts (start: launch to main(); group; model_trainer_s: model,
+   optimizer and Checkpointer; load_s: `Checkpointer.resume()`, finding, verifying and loading
+   the checkpoint; first step).
 Prints a table (median, min..max, stdev) and the goals, writes every sample as JSON.
 
 Goals (issue 12): async blocked + slowdown <= 10% of a sync save; commit <= 1 s beyond the write;
