@@ -103,6 +103,8 @@ def test_async_saves_commit_when_written_and_resume_bitwise(tmp_path: Path, writ
     assert starts == ["1", str(done[-1] + 1)]
     assert_same_training(run_dir, reference)
     assert committed_steps(checkpoints)[-1] == 12  # the end-of-training save is waited for
+    # Step 12's regular async save is completed at the end, not written a second time.
+    assert err.count("checkpoint step 12 written") == 1, err[-3000:]
     assert "checkpoint request" not in err  # torch's writer process logs INFO lines per save
 
 

@@ -117,6 +117,12 @@ class Checkpointer:
         """
         if self._store is None:
             return None
+        if self._pending is not None and self._pending[0] == state.step:
+            # This step's state is written already (an async save of it is in flight, e.g. the
+            # loop's last regular save before the end): writing it again would double the I/O
+            # of the final save. Complete that one, with the newest metrics.
+            self._pending[1]["metrics"] = dict(metrics or {})
+            return self.finish_pending() if wait else None
         self.finish_pending()
         meta: dict[str, Any] = {"metrics": dict(metrics or {})}
         if self._fingerprint is not None:
