@@ -8,31 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_preemption import assert_same_final, output, wait_for
-from tests.cluster.test_slurm import EXPORT_MASTER_ADDR
+from tests.cluster.test_preemption import assert_same_final, output, submit, wait_for
 from tests.support.procs import VENV_BIN, run
 from tests.support.slurm_cluster import SlurmCluster
 
 WORKER = str(Path(__file__).parents[1] / "support" / "hand_loop_worker.py")
 TRAIN = ("loop.max_steps=400", "loop.mark_at_step=20", "checkpoint.every_steps=16",
          "checkpoint.sharded=true", "checkpoint.async_save=true")  # fmt: skip
+SRUN = "srun -n 2 --kill-on-bad-exit=1 python"
 pytestmark = pytest.mark.cluster
-
-
-def submit(slurm: SlurmCluster, tmp_path: Path, run_dir: Path) -> str:
-    script = "\n".join((
-        "#!/bin/bash",
-        f"#SBATCH --output={tmp_path}/job.out",
-        f"#SBATCH --error={tmp_path}/job.err",
-        "#SBATCH --time=5",
-        "#SBATCH --requeue",
-        "#SBATCH --open-mode=append",
-        f'export PATH="{VENV_BIN}:$PATH" OMP_NUM_THREADS=1',
-        EXPORT_MASTER_ADDR,  # the fake node name node2 does not resolve (see test_slurm.py)
-        f"srun -n 2 --kill-on-bad-exit=1 python {WORKER} run.dir={run_dir} {' '.join(TRAIN)}",
-        "",
-    ))  # fmt: skip
-    return slurm.sbatch(script, "-N1", "--ntasks-per-node=2")
 
 
 @pytest.mark.timeout(300)
@@ -44,7 +28,7 @@ def test_hand_loop_usr2_checkpoints_requeues_and_resumes_bitwise(
                   *TRAIN], timeout=240)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "run"
-    job = submit(slurm, tmp_path, run_dir)
+    job = submit(slurm, tmp_path, SRUN, run_dir, worker=WORKER, train=TRAIN)
     wait_for(run_dir / "marker-0.txt", job, slurm)
     slurm.command(["scancel", "--signal=USR2", job])
     state = slurm.wait(job, 200)

@@ -44,8 +44,16 @@ def wait_for(path: Path, job_id: str, slurm: SlurmCluster, timeout: float = 60) 
 
 
 def submit(
-    slurm: SlurmCluster, tmp_path: Path, launch: str, run_dir: Path, extra: tuple[str, ...] = ()
+    slurm: SlurmCluster,
+    tmp_path: Path,
+    launch: str,
+    run_dir: Path,
+    extra: tuple[str, ...] = (),
+    *,
+    worker: str = WORKER,
+    train: tuple[str, ...] = TRAIN,
 ) -> str:
+    """A requeueable 2-rank job running `worker` with `train` + `extra` overrides; its id."""
     script = "\n".join((
         "#!/bin/bash",
         f"#SBATCH --output={tmp_path}/job.out",
@@ -55,7 +63,7 @@ def submit(
         "#SBATCH --open-mode=append",
         f'export PATH="{VENV_BIN}:$PATH" OMP_NUM_THREADS=1',
         EXPORT_MASTER_ADDR,  # the fake node name node2 does not resolve (see test_slurm.py)
-        f"{launch} {WORKER} run.dir={run_dir} {' '.join(TRAIN + extra)}",
+        f"{launch} {worker} run.dir={run_dir} {' '.join(train + extra)}",
         "",
     ))  # fmt: skip
     return slurm.sbatch(script, "-N1", "--ntasks-per-node=2" if "srun -n" in launch else "-n1")
