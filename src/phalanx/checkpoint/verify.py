@@ -42,9 +42,7 @@ def verified(store: CheckpointStore, step: int) -> str | None:
     found = files.problem(store.step_dir(step), step, deep=False)
     if found is None:
         found = files.problem(store.step_dir(step), step, deep=True, share=(rank, world))
-    if world > 1:
-        found = next((p for p in all_gather_object(found) if p), None)
-    return found
+    return _first_problem(found, world)
 
 
 def _geometry() -> tuple[int, int]:
@@ -67,12 +65,19 @@ def _sized(store: CheckpointStore) -> list[int]:
 
 def _agree_deep(store: CheckpointStore, step: int, *, rank: int, world: int) -> bool:
     folder = store.step_dir(step)
-    found = files.problem(folder, step, deep=True, share=(rank, world))
-    problems = [p for p in all_gather_object(found) if p] if world > 1 else [found]
-    problems = [p for p in problems if p]
-    if problems and rank == 0:
-        _warn(store.root, step, problems[0])
-    return not problems
+    found = _first_problem(files.problem(folder, step, deep=True, share=(rank, world)), world)
+    if found is not None and rank == 0:
+        _warn(store.root, step, found)
+    return found is None
+
+
+def _first_problem(mine: str | None, world: int) -> str | None:
+    """The first rank's problem, naming that rank (a file only some ranks cannot read, say on
+    a node-local disk, is then told apart from a damaged one); collective when world > 1."""
+    if world == 1:
+        return mine
+    found = [(rank, p) for rank, p in enumerate(all_gather_object(mine)) if p]
+    return f"{found[0][1]} (seen by rank {found[0][0]})" if found else None
 
 
 def _warn(root: Path, step: int, problem: str) -> None:
