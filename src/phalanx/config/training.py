@@ -51,6 +51,9 @@ class TrainConfig:
     fsdp_units: tuple[str, ...] = ()
     """FSDP: class names of the modules sharded one by one (e.g. Block); empty: every child of
     every nn.ModuleList. Smaller units: lower peak memory, more collectives."""
+    activation_checkpointing: str = "none"
+    """none, full (every unit) or every:N (units N, 2N, ...): run those units' forward again in
+    the backward instead of keeping their activations. Units: train.fsdp_units (any strategy)."""
     fsdp_reshard_after_forward: bool = True
     """FSDP: free each unit's gathered parameters after its forward (gather again for backward);
     false keeps them until backward: faster, more memory."""
@@ -80,6 +83,7 @@ class TrainConfig:
         check_choice("train.strategy", self.strategy, ("auto", "single", "ddp", "fsdp"))
         check_choice("train.nan_policy", self.nan_policy, ("skip", "stop", "count"))
         check_choice("train.lr_scaling", self.lr_scaling, ("none", "linear"))
+        checkpoint_every(self.activation_checkpointing)
         if self.strategy == "fsdp" and self.precision == "fp16":
             raise UsageError(
                 "config train.precision=fp16 is not supported with train.strategy=fsdp; use "
@@ -97,6 +101,20 @@ class TrainConfig:
             ("train.hang_timeout_s", self.hang_timeout_s, 0),
         ):
             _at_least(key, value, low)
+
+
+def checkpoint_every(setting: str) -> int:
+    """train.activation_checkpointing as a unit stride: none 0, full 1, every:N N."""
+    fixed = {"none": 0, "full": 1}
+    if setting in fixed:
+        return fixed[setting]
+    head, _, count = setting.partition(":")
+    if head == "every" and count.isdigit() and int(count) >= 1:
+        return int(count)
+    raise UsageError(
+        f"config train.activation_checkpointing={setting!r} is not one of: none, full, every:N "
+        "(N >= 1 units, e.g. every:2)"
+    )
 
 
 WORKER_STARTS = ("forkserver", "spawn", "fork")

@@ -12,6 +12,8 @@ What phalanx decides for the user, and why:
   MixedPrecisionPolicy); autocast still runs on top, so the ops autocast keeps in fp32
   (normalisation, softmax, losses) stay there, as under DDP. fp16 is refused: its GradScaler
   would have to agree on overflows across shards.
+- Models from a factory (phalanx.train.meta_init) are built on the meta device and get storage
+  unit by unit, each unit sharded right after it is initialised: no rank holds the whole model.
 - The optimizer must be built after sharding (fully_shard replaces the parameters), hence a
   factory; and checkpoints are sharded (DCP): each rank writes its own shards.
 """
@@ -25,6 +27,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from phalanx.errors import UsageError
+from phalanx.train.meta_init import InitFn, check_resettable, init_whole, materialize, seeded
 
 
 def shard_units(model: nn.Module, unit_names: tuple[str, ...]) -> list[nn.Module]:
@@ -70,23 +73,78 @@ def shard_model(
 
     `model` must already be on the rank's device, on every rank.
     """
+    policy = _policy(precision)
+    _check_plain(model)
+    broadcast_from_rank0(model)
+    for unit in shard_units(model, unit_names):
+        fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
+    _shard_root(model, policy)
+    return model
+
+
+def shard_new_model(
+    model: nn.Module,
+    *,
+    device: torch.device,
+    unit_names: tuple[str, ...],
+    precision: str,
+    reshard: bool,
+    init_weights: InitFn | None,
+    seed: int,
+    rank: int,
+) -> nn.Module:
+    """Shard a model built on the meta device (a factory's), materialise and initialise it
+    without a full copy on any rank.
+
+    reset_parameters(): unit by unit, each sharded (its full copy freed) as soon as it is
+    initialised, all ranks drawing from `seed`: the values do not depend on the world size.
+    init_weights: shard on meta, then storage for the shards only and the user's function on
+    DTensors, each rank drawing from seed + rank (torch gives no offset-based DTensor random
+    init on CPU; where it does (CUDA), it syncs rank 0's generator and takes over).
+    """
+    policy = _policy(precision)
+    _check_plain(model)
+    units = shard_units(model, unit_names)
+    if init_weights is None:
+        check_resettable(model)
+        unit_ids = {id(unit) for unit in units}
+
+        def shard_unit(module: nn.Module) -> None:
+            if id(module) in unit_ids:
+                fully_shard(module, mp_policy=policy, reshard_after_forward=reshard)
+
+        with seeded(seed, device):
+            materialize(model, device, after=shard_unit)
+        _shard_root(model, policy)
+        return model
+    for unit in units:
+        fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
+    _shard_root(model, policy)
+    with seeded(seed + rank, device):
+        init_whole(model, device, init_weights)
+    return model
+
+
+def _policy(precision: str) -> MixedPrecisionPolicy:
     if precision not in ("fp32", "bf16"):
         raise UsageError(f"precision={precision!r} with FSDP: use fp32 or bf16")
+    return MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if precision == "bf16" else None,
+        reduce_dtype=torch.float32 if precision == "bf16" else None,
+    )
+
+
+def _check_plain(model: nn.Module) -> None:
     if any(isinstance(m, FSDPModule) for m in model.modules()):
         raise UsageError(
             "the model was already sharded with fully_shard; pass the plain model and let "
             "train.strategy=fsdp shard it (train.fsdp_units chooses the units)"
         )
-    broadcast_from_rank0(model)
-    policy = MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16 if precision == "bf16" else None,
-        reduce_dtype=torch.float32 if precision == "bf16" else None,
-    )
-    for unit in shard_units(model, unit_names):
-        fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
+
+
+def _shard_root(model: nn.Module, policy: MixedPrecisionPolicy) -> None:
     # The root's parameters are needed again right after forward (by backward): keep them.
     fully_shard(model, mp_policy=policy, reshard_after_forward=False)
-    return model
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -16,7 +16,19 @@ from torch.nn.parallel import DistributedDataParallel
 
 from phalanx.checkpoint.checkpointer import module_state_dict
 from phalanx.dist.process_group import Dist
-from phalanx.train.fsdp import shard_model
+from phalanx.errors import UsageError
+from phalanx.train.activation_checkpoint import checkpoint_units
+from phalanx.train.fsdp import shard_model, shard_new_model
+from phalanx.train.meta_init import (
+    InitFn,
+    ModelFactory,
+    build_on_meta,
+    check_resettable,
+    init_whole,
+    is_factory,
+    materialize,
+    seeded,
+)
 
 
 def resolve_strategy(requested: str, world_size: int) -> str:
@@ -27,7 +39,7 @@ def resolve_strategy(requested: str, world_size: int) -> str:
 
 
 def wrap_model(
-    model: nn.Module,
+    model: nn.Module | ModelFactory,
     handle: Dist,
     *,
     strategy: str,
@@ -37,16 +49,44 @@ def wrap_model(
     fsdp_units: tuple[str, ...] = (),
     fsdp_reshard: bool = True,
     precision: str = "fp32",
+    activation_checkpointing: str = "none",
+    init_weights: InitFn | None = None,
+    seed: int = 0,
 ) -> nn.Module:
-    """Move `model` to the rank's device and wrap it for `strategy` (single, ddp or fsdp)."""
+    """Move `model` to the rank's device and wrap it for `strategy` (single, ddp or fsdp).
+
+    `model` may be a factory (`lambda: MyModel(cfg)`): built on the meta device, then given
+    storage on the rank's device and initialised from `seed` (each module's reset_parameters(),
+    or `init_weights(model)`), sharded on the way under FSDP (phalanx.train.meta_init).
+    """
+    chosen = resolve_strategy(strategy, handle.env.world_size)
+    fresh = is_factory(model)
+    if fresh:
+        model = build_on_meta(cast(ModelFactory, model))
+    elif init_weights is not None:
+        raise UsageError(
+            "init_weights initialises a model built by phalanx; pass model=lambda: MyModel(...) "
+            "or initialise the instance yourself"
+        )
+    model = cast(nn.Module, model)
+    checkpoint_units(model, fsdp_units, activation_checkpointing)
+    if chosen == "fsdp":
+        if fresh:
+            sharded = shard_new_model(
+                model, device=handle.device, unit_names=fsdp_units, precision=precision,
+                reshard=fsdp_reshard, init_weights=init_weights, seed=seed, rank=handle.env.rank,
+            )  # fmt: skip
+        else:
+            sharded = shard_model(
+                model.to(handle.device), unit_names=fsdp_units, precision=precision,
+                reshard=fsdp_reshard,
+            )  # fmt: skip
+        return _maybe_compile(sharded, compile)
+    if fresh:
+        _materialize_whole(model, handle.device, init_weights, seed)
     model = model.to(handle.device)
     wrapped: nn.Module = model
-    chosen = resolve_strategy(strategy, handle.env.world_size)
-    if chosen == "fsdp":
-        wrapped = shard_model(
-            model, unit_names=fsdp_units, precision=precision, reshard=fsdp_reshard
-        )
-    elif chosen == "ddp":
+    if chosen == "ddp":
         device_ids = [handle.device.index] if handle.device.type == "cuda" else None
         wrapped = DistributedDataParallel(
             model,
@@ -55,9 +95,24 @@ def wrap_model(
             static_graph=static_graph,
             bucket_cap_mb=bucket_mb,
         )
-    if compile:
-        wrapped = cast(nn.Module, torch.compile(wrapped))
-    return wrapped
+    return _maybe_compile(wrapped, compile)
+
+
+def _materialize_whole(
+    model: nn.Module, device: torch.device, init_weights: InitFn | None, seed: int
+) -> None:
+    """Single and DDP hold the whole model anyway: storage for all of it, then the same
+    initialisation as under FSDP (every rank from `seed`; DDP broadcasts rank 0's regardless)."""
+    with seeded(seed, device):
+        if init_weights is None:
+            check_resettable(model)
+            materialize(model, device)
+        else:
+            init_whole(model, device, init_weights)
+
+
+def _maybe_compile(model: nn.Module, compile: bool) -> nn.Module:
+    return cast(nn.Module, torch.compile(model)) if compile else model
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -31,6 +31,7 @@ from phalanx.train.checkpointing import config_fingerprint, make_store
 from phalanx.train.evaluate import EvalFn, evaluate, lockstep_steps
 from phalanx.train.feeding import steps_per_epoch, train_loader
 from phalanx.train.guard import NanGuard, NonFiniteError
+from phalanx.train.meta_init import InitFn, ModelFactory
 from phalanx.train.metrics import Metrics
 from phalanx.train.optim import build_optimizer, build_scheduler
 from phalanx.train.precision import Precision
@@ -46,16 +47,18 @@ log = logging.getLogger("phalanx.train")
 class Trainer:
     """Train `model` on `train_data` with `train_step(model, batch) -> loss | {'loss': ...}`.
 
-    `optimizer` is an Optimizer or a factory `params -> Optimizer`; `scheduler` an LRScheduler or
-    a factory `optimizer -> LRScheduler` (stepped once per optimizer step). `eval_step(model,
-    batch)` returns per-sample tensors, averaged over the whole eval set.
+    `model` is an nn.Module or a factory `() -> nn.Module`, built on the meta device and
+    initialised from train.seed by reset_parameters() or `init_weights(model)` (docs/training.md,
+    "Large models"). `optimizer` is an Optimizer or a factory `params -> Optimizer`; `scheduler`
+    an LRScheduler or `optimizer -> LRScheduler` (stepped once per optimizer step).
+    `eval_step(model, batch)` returns per-sample tensors, averaged over the whole eval set.
     """
 
     def __init__(
         self,
         handle: Dist,
         *,
-        model: nn.Module,
+        model: nn.Module | ModelFactory,
         optimizer: Any,
         train_data: Any,
         train_step: StepFn,
@@ -67,6 +70,7 @@ class Trainer:
         callbacks: Sequence[Callback[Any]] = (),
         flops_per_sample: float | None = None,
         tokens_per_sample: float | None = None,
+        init_weights: InitFn | None = None,
     ) -> None:
         config = config or handle.config  # type: ignore[assignment]
         if not isinstance(config, TrainerConfig):
@@ -78,12 +82,13 @@ class Trainer:
         self.config, self.handle, self.env = config, handle, handle.env
         self.train_data, self.eval_data, self.eval_step = train_data, eval_data, eval_step
         self.collate_fn, self.callbacks = collate_fn, list(callbacks)
-        self._build_training(model, optimizer, scheduler, train_step)
+        self._build_training(model, optimizer, scheduler, train_step, init_weights)
         self._build_bookkeeping(flops_per_sample, tokens_per_sample)
 
     def _build_training(
-        self, model: nn.Module, optimizer: Any, scheduler: Any, train_step: StepFn
-    ) -> None:
+        self, model: nn.Module | ModelFactory, optimizer: Any, scheduler: Any,
+        train_step: StepFn, init_weights: InitFn | None,
+    ) -> None:  # fmt: skip
         """Seeds, the wrapped model, optimizer, schedule, precision, guard: what a step needs."""
         train, handle = self.config.train, self.handle
         seed_everything(train.seed, rank=self.env.rank)
@@ -97,6 +102,9 @@ class Trainer:
             fsdp_units=train.fsdp_units,
             fsdp_reshard=train.fsdp_reshard_after_forward,
             precision=train.precision,
+            activation_checkpointing=train.activation_checkpointing,
+            init_weights=init_weights,
+            seed=train.seed,
         )
         self.optimizer = build_optimizer(optimizer, self.model, train, self.env.world_size)
         self.scheduler = build_scheduler(scheduler, self.optimizer, train)
