@@ -1,0 +1,279 @@
+"""FSDP at 7B on 2 GPUs (issue 13, item 6): phalanx's Trainer with train.strategy=fsdp against the
+unmodified hand-written FSDP2 loop `../shared/bench/fsdp_ref.py`, same model, same step.
+
+    python benchmarks/fsdp_llama.py [--ref ../shared/bench/fsdp_ref.py] [--nproc 2] [--size 7b]
+        [--pair-size 3b] [--variants eager,ac,compile] [--reps 3] [--seq 2048]
+        [--out benchmarks/results/fsdp_llama.json] [-- config overrides for phalanx]
+    python benchmarks/fsdp_llama.py --size tiny --pair-size tiny --seq 64 --reps 1   # CPU smoke
+
+Cases, each a fresh `torchrun --standalone` (benchmarks/fsdp_llama_train.py for phalanx, the
+reference as it is); every repetition runs all of them, starting one case later each time:
+- at `--size`: the reference `fsdp SIZE` and phalanx fsdp (variant eager); with `ac`, the
+  reference `--ac` and phalanx train.activation_checkpointing=full; with `compile`, phalanx
+  train.compile=true (per-block compile; held against the eager reference: goal +15%);
+  `compile-ac` both.
+- at `--pair-size` (the DDP/FSDP crossover): the reference ddp and fsdp, phalanx ddp and fsdp.
+Per case: step ms, tokens/s per GPU and MFU (the reference's formula: 6·N·tokens against 989
+TFLOP/s), peak GPU memory (torch.cuda.max_memory_allocated, rank 0), and, seen from here for
+both implementations, each rank's peak host RSS (VmHWM of torchrun's children, polled) and the
+wall time of the whole job. phalanx also reports seconds from launch to the end of its first step
+and each rank's host RSS beyond its local parameter shard. The reference needs CUDA: without it
+only phalanx runs (gloo, fp32). Prints a table (median, min..max) and the goals, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "fsdp_llama_train.py"
+KEYS = ("step_ms", "tok_per_s_per_gpu", "mfu_vs_989T", "peak_mem_GiB", "rank_peak_rss_GiB",
+        "rss_beyond_shard_GiB", "launch_to_first_step_s", "trainer_s", "wall_s")  # fmt: skip
+PHALANX_VARIANTS = {
+    "eager": [],
+    "ac": ["train.activation_checkpointing=full"],
+    "compile": ["train.compile=true"],
+    "compile-ac": ["train.compile=true", "train.activation_checkpointing=full"],
+}
+
+
+def cases(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
+    """(name, impl, mode, size, variant) of every run of one repetition."""
+    out: list[dict[str, Any]] = []
+    for variant in args.variants.split(","):
+        assert variant in PHALANX_VARIANTS, f"--variants: {variant} not in {list(PHALANX_VARIANTS)}"
+        if cuda and variant in ("eager", "ac"):
+            out.append(dict(impl="ref", mode="fsdp", size=args.size, variant=variant))
+        out.append(dict(impl="phalanx", mode="fsdp", size=args.size, variant=variant))
+    if args.pair_size:
+        for impl in ("ref", "phalanx") if cuda else ("phalanx",):
+            for mode in ("ddp", "fsdp"):
+                out.append(dict(impl=impl, mode=mode, size=args.pair_size, variant="eager"))
+    for case in out:
+        case["name"] = f"{case['impl']} {case['mode']} {case['size']} {case['variant']}"
+    return list({case["name"]: case for case in out}.values())  # --pair-size = --size: once
+
+
+def command(case: dict[str, Any], args: argparse.Namespace, cuda: bool, root: str) -> list[str]:
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={args.nproc}"]  # fmt: skip
+    if case["impl"] == "ref":
+        ac = ["--ac"] if case["variant"] == "ac" else []
+        return [*run, str(args.ref), case["mode"], case["size"], *ac, "--seq", str(args.seq)]
+    overrides = [
+        f"bench.size={case['size']}", f"bench.seq={args.seq}", f"bench.t0={time.time()}",
+        f"train.strategy={case['mode']}", f"train.precision={'bf16' if cuda else 'fp32'}",
+        f"run.root={root}", "track.plots=false", "track.trackers=[jsonl]",
+        *PHALANX_VARIANTS[case["variant"]], *args.overrides,
+    ]  # fmt: skip
+    return [*run, str(WORKER), *overrides]
+
+
+def _ranks(torchrun_pid: int) -> list[int]:
+    """torchrun's children: its worker processes (the ranks)."""
+    pids: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{torchrun_pid}/task").iterdir():
+            pids += [int(p) for p in (task / "children").read_text().split()]
+    return pids
+
+
+def _hwm_gib(pid: int) -> float:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20
+    return 0.0
+
+
+def launch(cmd: list[str], timeout_s: float) -> dict[str, Any]:
+    """Run one torchrun job; its last JSON line, the ranks' peak RSS (polled) and wall time."""
+    start = time.perf_counter()
+    peaks: dict[int, float] = {}
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        while proc.poll() is None and time.perf_counter() - start < timeout_s:
+            for pid in _ranks(proc.pid):
+                peaks[pid] = max(peaks.get(pid, 0.0), _hwm_gib(pid))
+            time.sleep(0.2)
+        if proc.poll() is None:
+            proc.kill()
+        stdout, _ = proc.communicate()
+        log.seek(0)
+        tail = log.read()[-2000:]
+    wall = time.perf_counter() - start
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    result: dict[str, Any] = json.loads(lines[-1]) if lines else {"error": "no result"}
+    if proc.returncode != 0 or not lines:
+        result.setdefault("error", f"exit {proc.returncode}")
+        result["stderr_tail"] = tail
+    result["wall_s"] = wall
+    if peaks:
+        result["rank_peak_rss_GiB"] = max(peaks.values())
+    return result
+
+
+def with_derived(result: dict[str, Any]) -> dict[str, Any]:
+    """phalanx's per-rank host memory beyond its shard and the first step, worst rank."""
+    ranks = result.get("ranks") or []
+    if ranks and all("shard_GiB" in r for r in ranks):
+        result["rss_beyond_shard_GiB"] = max(r["peak_rss_GiB"] - r["shard_GiB"] for r in ranks)
+    if ranks and all("launch_to_first_step_s" in r for r in ranks):
+        result["launch_to_first_step_s"] = max(r["launch_to_first_step_s"] for r in ranks)
+    return result
+
+
+def summarise(samples: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for name in dict.fromkeys(s["case"] for s in samples):
+        rows = [s for s in samples if s["case"] == name and "error" not in s]
+        table[name] = {
+            "errors": {"median": len([s for s in samples if s["case"] == name]) - len(rows)}
+        }
+        for key in KEYS:
+            values = [float(s[key]) for s in rows if key in s]
+            if values:
+                table[name][key] = {"median": statistics.median(values), "min": min(values),
+                                    "max": max(values), "n": len(values)}  # fmt: skip
+    return table
+
+
+def _median(table: dict[str, Any], name: str, key: str) -> float | None:
+    return table.get(name, {}).get(key, {}).get("median")
+
+
+def goals(table: dict[str, Any], size: str) -> dict[str, tuple[str, bool]]:
+    out: dict[str, tuple[str, bool]] = {}
+    for variant in ("eager", "ac"):
+        ours, ref = f"phalanx fsdp {size} {variant}", f"ref fsdp {size} {variant}"
+        tok, ref_tok = (
+            _median(table, ours, "tok_per_s_per_gpu"),
+            _median(table, ref, "tok_per_s_per_gpu"),
+        )
+        if tok and ref_tok:
+            out[f"{variant}: tokens/s >= 100% of the reference"] = (
+                f"{tok / ref_tok:.1%}",
+                tok >= ref_tok,
+            )
+        mem, ref_mem = _median(table, ours, "peak_mem_GiB"), _median(table, ref, "peak_mem_GiB")
+        if mem and ref_mem:
+            out[f"{variant}: peak GPU memory <= reference + 5%"] = (
+                f"{mem:.2f} vs {ref_mem:.2f} GiB",
+                mem <= 1.05 * ref_mem,
+            )
+    eager = f"phalanx fsdp {size} eager"
+    beyond = _median(table, eager, "rss_beyond_shard_GiB")
+    if beyond is not None:
+        out["host RSS per rank <= 2 GiB beyond its shard"] = (f"{beyond:.2f} GiB", beyond <= 2.0)
+    first = _median(table, eager, "launch_to_first_step_s")
+    if first is not None:
+        out["launch to first step <= 15 s"] = (f"{first:.1f} s", first <= 15.0)
+    compiled = _median(table, f"phalanx fsdp {size} compile", "tok_per_s_per_gpu")
+    ref_tok = _median(table, f"ref fsdp {size} eager", "tok_per_s_per_gpu")
+    if compiled and ref_tok:
+        out["per-block compile >= 115% of the eager reference"] = (
+            f"{compiled / ref_tok:.1%} ({compiled:.0f} tokens/s/GPU)",
+            compiled >= 1.15 * ref_tok,
+        )
+    return out  # fmt: skip
+
+
+def report(result: dict[str, Any]) -> None:
+    print(f"\n{result['device']}, {result['nproc']} ranks, {result['reps']} repetitions, medians")
+    short = {"tok_per_s_per_gpu": "tok/s/GPU", "mfu_vs_989T": "MFU", "peak_mem_GiB": "GPU GiB",
+             "rank_peak_rss_GiB": "RSS GiB", "rss_beyond_shard_GiB": ">shard",
+             "launch_to_first_step_s": "1st step s", "trainer_s": "init s",
+             "step_ms": "step ms", "wall_s": "job s"}  # fmt: skip
+    print(f"{'case':<30}" + "".join(f"{short[k]:>11}" for k in KEYS) + f"{'errors':>7}")
+    for name, rows in result["table"].items():
+        cells = [f"{rows[k]['median']:>11.3g}" if k in rows else f"{'-':>11}" for k in KEYS]
+        print(f"{name:<30}" + "".join(cells) + f"{rows['errors']['median']:>7.0f}")
+    print("\nspread (min..max):")
+    for name, rows in result["table"].items():
+        keys = [k for k in ("step_ms", "peak_mem_GiB") if k in rows]
+        spans = [f"{k} {rows[k]['min']:.4g}..{rows[k]['max']:.4g}" for k in keys]
+        print(f"  {name:<30}{'; '.join(spans)}")
+    for sample in result["samples"]:
+        if "error" in sample:
+            print(f"error in {sample['case']} (rep {sample['rep']}): {sample['error']} "
+                  f"{sample.get('stderr_tail', '')[-600:]}")  # fmt: skip
+    for name, (value, met) in result["goals"].items():
+        print(f"goal {name}: {value} -> {'met' if met else 'MISSED'}")
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--ref", type=Path, default=HERE.parent.parent / "shared/bench/fsdp_ref.py")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks (GPUs) on this node")
+    parser.add_argument("--size", default="7b", help="tiny, 125m, 1b, 3b or 7b")
+    parser.add_argument("--pair-size", default="3b", help="DDP/FSDP crossover size; '' skips it")
+    parser.add_argument(
+        "--variants", default="eager,ac,compile", help="of eager,ac,compile,compile-ac"
+    )
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="per torchrun job")
+    parser.add_argument("--out", type=Path, default=HERE / "results/fsdp_llama.json")
+    parser.add_argument("overrides", nargs="*", help="config overrides for phalanx's worker (k=v)")
+    return parser.parse_args()  # fmt: skip
+
+
+def machine() -> dict[str, Any]:
+    gpus = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip().splitlines() if shutil.which("nvidia-smi") else []  # fmt: skip
+    return {"host": platform.node(), "gpus": gpus, "torch": torch.__version__,
+            "python": platform.python_version()}  # fmt: skip
+
+
+def main() -> None:
+    args = parse()
+    cuda = torch.cuda.is_available()
+    if cuda and not args.ref.is_file():
+        sys.exit(f"--ref {args.ref} does not exist; pass the path of fsdp_ref.py")
+    info = machine()
+    print(json.dumps(info), flush=True)
+    plan, samples, began = cases(args, cuda), [], time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="phalanx-fsdp-bench-") as root:
+        for rep in range(args.reps):
+            for case in plan[rep % len(plan) :] + plan[: rep % len(plan)]:
+                sample = with_derived(launch(command(case, args, cuda, root), args.timeout_s))
+                sample.update(case=case["name"], rep=rep)
+                samples.append(sample)
+                print(
+                    json.dumps(
+                        {k: v for k, v in sample.items() if k not in ("ranks", "stderr_tail")}
+                    ),
+                    flush=True,
+                )
+    table = summarise(samples)
+    result = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([sys.executable, *sys.argv]), "machine": info,
+        "device": ", ".join(info["gpus"]) or "cpu", "nproc": args.nproc, "reps": args.reps,
+        "total_s": time.perf_counter() - began, "table": table, "samples": samples,
+        "goals": goals(table, args.size),
+    }  # fmt: skip
+    report(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out} ({result['total_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""Worker of benchmarks/fsdp_llama.py: phalanx.Trainer on the Llama-shaped decoder of
+`../shared/bench/fsdp_ref.py` (benchmarks/fsdp_llama_model.py), given as a meta-device factory.
+
+    torchrun --standalone --nproc_per_node=2 benchmarks/fsdp_llama_train.py bench.size=7b \\
+        train.strategy=fsdp [train.activation_checkpointing=full] [train.compile=true] [...]
+
+Same step as the reference: batch 1 per GPU, seq 2048, synthetic tokens, bf16 (FSDP2 bf16
+parameters, fp32 reduction, autocast on top), fused AdamW lr 3e-4, clip 1.0; 3 warm-up steps,
+then 10 timed between two CUDA synchronisations. The Trainer logs only after the last step.
+Rank 0 prints one JSON line in the reference's format, plus: host memory per rank (peak RSS,
+the local parameter shard's bytes), seconds from launch (`bench.t0`) and from main() to the end
+of the first step, and the Trainer's construction time (model build, init, sharding).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from fsdp_llama_model import SIZES, VOCAB, Decoder, num_params
+from torch import nn
+
+import phalanx
+from phalanx.config.training import CheckpointConfig, Precision, Strategy
+from phalanx.dist.collectives import all_gather_object
+
+
+def process_start() -> float:
+    """time.time() at which this process was started (before Python and torch were loaded)."""
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    lines = Path("/proc/stat").read_text().splitlines()
+    boot = next(int(line.split()[1]) for line in lines if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+STARTED = process_start()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bench:
+    size: str = "7b"
+    """Model size: tiny, 125m, 1b, 3b or 7b (the reference's)."""
+    seq: int = 2048
+    """Tokens per sample."""
+    warmup: int = 3
+    """Untimed steps (the reference's WARMUP)."""
+    steps: int = 10
+    """Timed steps (the reference's STEPS)."""
+    t0: float = 0.0
+    """time.time() when the launcher started torchrun (0: this process's start)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Train(phalanx.TrainConfig):
+    strategy: Strategy = "fsdp"
+    precision: Precision = "bf16"
+    clip_grad_norm: float = 1.0
+    log_every: int = 10**6
+    progress: bool = False
+    nan_policy: str = "skip"  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Data(phalanx.DataConfig):
+    batch_size: int = 1
+    num_workers: int = 0
+    shuffle: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint(CheckpointConfig):
+    sharded: bool = True
+    at_end: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config(phalanx.TrainerConfig):
+    bench: Bench = field(default_factory=Bench)
+    """This benchmark's settings."""
+    train: Train = field(default_factory=Train)
+    data: Data = field(default_factory=Data)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+
+
+class Tokens(torch.utils.data.Dataset[torch.Tensor]):
+    """Random windows of seq + 1 tokens (the reference draws them the same way, per step)."""
+
+    def __init__(self, seq: int, count: int) -> None:
+        self.seq, self.count = seq, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.randint(0, VOCAB, (self.seq + 1,))
+
+
+class Marks(phalanx.Callback):
+    """Wall clock at the end of step 1 and around the timed steps, after a CUDA sync."""
+
+    def __init__(self, bench: Bench) -> None:
+        self.wanted = {1, bench.warmup, bench.warmup + bench.steps}
+        self.at: dict[int, float] = {}
+
+    def on_step_end(self, trainer: phalanx.Trainer) -> None:
+        step = trainer.state.step
+        if step in self.wanted:
+            if trainer.handle.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.at[step] = time.time()
+
+
+def lm_step(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    return model(batch[:, :-1].contiguous(), batch[:, 1:].contiguous())  # type: ignore[no-any-return]
+
+
+def status_kb(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def shard_bytes(model: nn.Module) -> int:
+    """This rank's parameters in host terms: the local shard under FSDP, everything under DDP."""
+    total = 0
+    for param in model.parameters():
+        local = param.to_local() if hasattr(param, "to_local") else param
+        total += local.numel() * local.element_size()
+    return total
+
+
+def train(d: phalanx.Dist, cfg: Config, record: dict[str, Any]) -> None:
+    bench, cuda = cfg.bench, d.device.type == "cuda"
+    marks = Marks(bench)
+    count = cfg.data.batch_size * d.env.world_size * (bench.warmup + bench.steps + 1)
+    built = time.time()
+    trainer = phalanx.Trainer(
+        d, config=cfg, model=lambda: Decoder(bench.size, bench.seq),
+        train_data=Tokens(bench.seq, count), train_step=lm_step,
+        optimizer=lambda p: torch.optim.AdamW(p, lr=3e-4, fused=cuda), callbacks=[marks],
+    )  # fmt: skip
+    record["trainer_s"] = time.time() - built
+    record["shard_GiB"] = shard_bytes(trainer.model) / 2**30
+    history = trainer.fit()
+    last = bench.warmup + bench.steps
+    step_s = (marks.at[last] - marks.at[bench.warmup]) / bench.steps
+    tok_gpu = cfg.data.batch_size * bench.seq / step_s
+    record.update(
+        step_ms=round(step_s * 1e3, 1), tok_per_s_per_gpu=round(tok_gpu),
+        mfu_vs_989T=round(tok_gpu * 6 * num_params(bench.size, bench.seq) / 989e12, 3),
+        loss=round(float(history[-1]["loss"]), 3),
+        launch_to_first_step_s=marks.at[1] - (bench.t0 or STARTED),
+        process_to_first_step_s=marks.at[1] - STARTED,
+    )  # fmt: skip
+
+
+def main() -> None:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    cfg = phalanx.parse_config(Config)
+    train_cfg, bench = cfg.train, cfg.bench
+    assert bench.size in SIZES, f"bench.size={bench.size} is not one of {sorted(SIZES)}"
+    out: dict[str, Any] = {
+        "impl": "phalanx", "mode": train_cfg.strategy, "size": bench.size,
+        "params_B": round(num_params(bench.size, bench.seq) / 1e9, 3),
+        "ac": train_cfg.activation_checkpointing, "compile": train_cfg.compile,
+        "seq": bench.seq, "batch": cfg.data.batch_size,
+    }  # fmt: skip
+    with phalanx.distributed(cfg) as d:
+        out["world"] = d.env.world_size
+        record: dict[str, Any] = {"rss_after_init_GiB": status_kb("VmRSS") / 2**20}
+        try:
+            train(d, cfg, record)
+        except torch.OutOfMemoryError:
+            record["error"] = "OOM"
+        if d.device.type == "cuda":
+            record["peak_mem_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        record["peak_rss_GiB"] = status_kb("VmHWM") / 2**20
+        ranks = all_gather_object(record)
+    if d.env.rank == 0:
+        out.update({k: v for k, v in ranks[0].items() if k not in ("rss_after_init_GiB",)})
+        out["ranks"] = ranks
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
