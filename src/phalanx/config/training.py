@@ -34,7 +34,8 @@ class TrainConfig:
     max_steps: int = 0
     """Stop after this many optimizer steps; 0: run `epochs` epochs."""
     grad_accum: int = 1
-    """Micro-batches per optimizer step; gradients are all-reduced on the last one only."""
+    """Micro-batches per optimizer step; gradients are reduced on the last one only (FSDP: see
+    fsdp_reduce_every_micro_batch)."""
     clip_grad_norm: float = 0.0
     """Clip the global gradient norm to this value; 0: no clipping (the norm is still logged)."""
     precision: Precision = "fp32"
@@ -57,6 +58,10 @@ class TrainConfig:
     fsdp_reshard_after_forward: bool = True
     """FSDP: free each unit's gathered parameters after its forward (gather again for backward);
     false keeps them until backward: faster, more memory."""
+    fsdp_reduce_every_micro_batch: bool = False
+    """FSDP with grad_accum > 1: reduce-scatter gradients after every micro-batch (each rank
+    keeps only its gradient shard) instead of after the last one only (one reduce-scatter per
+    step, but each rank holds the whole model's unsharded fp32 gradients meanwhile)."""
     nan_policy: NanPolicy = "stop"
     """Non-finite loss or gradient on any rank: skip the step, stop with a message, or count."""
     log_every: int = 50

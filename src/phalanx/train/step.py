@@ -6,7 +6,7 @@ Reads top to bottom like a hand-written loop; the Trainer calls it, a user loop 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from phalanx.errors import UsageError
-from phalanx.train.fsdp import full_norm
+from phalanx.train.fsdp import full_norm, is_sharded
 from phalanx.train.guard import NanGuard, masked_step
 from phalanx.train.metrics import Metrics
 from phalanx.train.precision import Precision
-from phalanx.train.strategy import ddp_module
+from phalanx.train.strategy import ddp_module, unwrap
 
 StepOutput = torch.Tensor | Mapping[str, torch.Tensor]
 StepFn = Callable[[nn.Module, Any], StepOutput]
@@ -74,6 +74,20 @@ class StepParts:
     metrics: Metrics
     clip_grad_norm: float
     scheduler: Any = None
+    fsdp_reduce_every_micro_batch: bool = False
+
+
+@contextlib.contextmanager
+def sync_debug(enabled: bool, device: torch.device) -> Iterator[None]:
+    """train.sync_debug: inside, a hidden .item() or blocking copy is an error (CUDA only)."""
+    if not (enabled and device.type == "cuda"):
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 def _grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -83,14 +97,13 @@ def _grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 def optimizer_step(parts: StepParts, micro_batches: Iterable[Any], *, step: int) -> None:
     """Forward/backward every micro-batch, then one (guarded, clipped) optimizer update.
 
-    Gradients are all-reduced on the last micro-batch only (DDP no_sync before it); each
+    Gradients are reduced on the last micro-batch only (DDP no_sync before it; FSDP
+    set_requires_gradient_sync(False), unless parts.fsdp_reduce_every_micro_batch); each
     micro-loss is divided by their number, so k micro-batches equal one k-times-larger batch.
     """
     batches = list(micro_batches)
-    ddp = ddp_module(parts.model)
     for i, batch in enumerate(batches):
-        skip_sync = ddp is not None and i < len(batches) - 1
-        with ddp.no_sync() if ddp is not None and skip_sync else contextlib.nullcontext():
+        with _maybe_no_sync(parts, index=i, count=len(batches)):
             with parts.precision.autocast():
                 loss, extra = split_output(parts.train_step(parts.model, batch))
             parts.guard.observe_loss(loss)
@@ -100,6 +113,24 @@ def optimizer_step(parts: StepParts, micro_batches: Iterable[Any], *, step: int)
             parts.metrics.add(name, value.detach().float())
         parts.metrics.add("samples", float(batch_size_of(batch)), reduce="sum")
     _update(parts, step)
+
+
+def _maybe_no_sync(
+    parts: StepParts, *, index: int, count: int
+) -> contextlib.AbstractContextManager[Any]:
+    """No gradient reduction in this micro-batch's backward unless it is the step's last.
+
+    FSDP without it reduce-scatters every unit's gradients after every micro-batch; with it,
+    each rank keeps the unsharded gradients (in the reduce dtype, fp32 under bf16) of the whole
+    model until the last one: DDP's gradient memory, traded for k - 1 fewer reduce-scatters."""
+    last = index == count - 1
+    ddp = ddp_module(parts.model)
+    if ddp is not None:
+        return contextlib.nullcontext() if last else ddp.no_sync()
+    root = unwrap(parts.model)
+    if count > 1 and is_sharded(root) and not parts.fsdp_reduce_every_micro_batch:
+        root.set_requires_gradient_sync(last)  # type: ignore[operator]
+    return contextlib.nullcontext()
 
 
 def _update(parts: StepParts, step: int) -> None:

@@ -1,8 +1,9 @@
 """Model wrapping: single device, DDP or FSDP2, then torch.compile as torch recommends.
 
 For DDP the DDP-wrapped module is compiled, so TorchDynamo's DDPOptimizer splits graphs at
-bucket boundaries and communication overlaps the backward pass. FSDP2 shards the model in place
-(phalanx.train.fsdp). State dicts never carry wrapper prefixes (`module.`, `_orig_mod.`):
+bucket boundaries and communication overlaps the backward pass. Under FSDP each unit's forward
+is compiled before sharding, the root is not (phalanx.train.compiling). FSDP2 shards the model
+in place (phalanx.train.fsdp). State dicts never carry wrapper prefixes (`module.`, `_orig_mod.`):
 checkpoints load into a plain model.
 """
 
@@ -18,6 +19,7 @@ from phalanx.checkpoint.checkpointer import module_state_dict
 from phalanx.dist.process_group import Dist
 from phalanx.errors import UsageError
 from phalanx.train.activation_checkpoint import checkpoint_units
+from phalanx.train.compiling import compile_units
 from phalanx.train.fsdp import shard_model, shard_new_model
 from phalanx.train.meta_init import (
     InitFn,
@@ -71,6 +73,8 @@ def wrap_model(
     model = cast(nn.Module, model)
     checkpoint_units(model, fsdp_units, activation_checkpointing)
     if chosen == "fsdp":
+        if compile:  # per unit, before sharding (phalanx.train.compiling)
+            compile_units(model, fsdp_units)
         if fresh:
             sharded = shard_new_model(
                 model, device=handle.device, unit_names=fsdp_units, precision=precision,
@@ -81,7 +85,7 @@ def wrap_model(
                 model.to(handle.device), unit_names=fsdp_units, precision=precision,
                 reshard=fsdp_reshard,
             )  # fmt: skip
-        return _maybe_compile(sharded, compile)
+        return sharded
     if fresh:
         _materialize_whole(model, handle.device, init_weights, seed)
     model = model.to(handle.device)

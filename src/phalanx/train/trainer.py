@@ -3,7 +3,6 @@ public blocks (strategy, precision, step, guard, metrics, control plane, data lo
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -36,7 +35,7 @@ from phalanx.train.metrics import Metrics
 from phalanx.train.optim import build_optimizer, build_scheduler
 from phalanx.train.precision import Precision
 from phalanx.train.progress import Throughput, peak_flops, progress_line
-from phalanx.train.step import StepFn, StepParts, optimizer_step, to_device
+from phalanx.train.step import StepFn, StepParts, optimizer_step, sync_debug, to_device
 from phalanx.train.strategy import unwrap, wrap_model
 from phalanx.train.tracking import end_tracking, start_tracking
 from phalanx.train.watchdog import start_hang_watch
@@ -122,6 +121,7 @@ class Trainer:
             metrics=self.metrics,
             clip_grad_norm=train.clip_grad_norm,
             scheduler=self.scheduler,
+            fsdp_reduce_every_micro_batch=train.fsdp_reduce_every_micro_batch,
         )
 
     def _build_bookkeeping(
@@ -269,7 +269,8 @@ class Trainer:
             if not agreed.all_have_data:
                 break
             self._beat("step")
-            with self._sync_debug():
+            # From step 3 on: DDP rebuilds its gradient buckets once, with a sync, on step 2.
+            with sync_debug(train.sync_debug and self.state.step >= 2, self.handle.device):
                 optimizer_step(self._parts, batches, step=self.state.step + 1)
             self.state.step += 1
             self._beat("after")
@@ -296,20 +297,6 @@ class Trainer:
         if not train.eval_every:
             self.evaluate()
         return True
-
-    @contextlib.contextmanager
-    def _sync_debug(self) -> Iterator[None]:
-        """train.sync_debug: a hidden .item() or blocking copy in a step becomes an error."""
-        # From step 3 on: DDP rebuilds its gradient buckets once, with a sync, on step 2.
-        warm = self.state.step >= 2
-        if not (self.config.train.sync_debug and warm and self.handle.device.type == "cuda"):
-            yield
-            return
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            yield
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
 
     def evaluate(self) -> dict[str, float]:
         """Evaluate on eval_data (every sample exactly once); {} without eval data."""
