@@ -1,0 +1,163 @@
+"""Worker scenarios for FSDP speed features (per-unit compile, accumulation without a
+reduce-scatter per micro-batch, tied parameters in factories):
+`phalanx run -n N speed_worker.py SCENARIO OUT`; rank 0 writes OUT/<scenario>.json."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import phalanx
+from phalanx.config import load
+from phalanx.train import model_state_dict, unwrap
+from phalanx.train.compiling import is_compiled
+
+DIM, WIDTH, VOCAB = 6, 16, 32
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x))
+
+
+class Net(nn.Module):
+    def __init__(self, blocks: int = 4) -> None:
+        super().__init__()
+        self.inp = nn.Linear(DIM, WIDTH)
+        self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+        self.head = nn.Linear(WIDTH, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.tanh(self.inp(x))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def data(n: int = 64) -> TensorDataset:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, DIM, generator=gen)
+    return TensorDataset(x, x @ torch.randn(DIM, 1, generator=gen))
+
+
+def mse_step(model: nn.Module, batch: Any) -> torch.Tensor:
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+
+
+def config(*overrides: str) -> phalanx.TrainerConfig:
+    base = ["data.shuffle=false", "data.num_workers=0", "data.batch_size=4", "train.log_every=1",
+            "train.progress=false", "train.max_steps=3", "checkpoint.sharded=true",
+            "checkpoint.at_end=false", "train.strategy=fsdp"]  # fmt: skip
+    return load(phalanx.TrainerConfig, overrides=[*base, *overrides])
+
+
+def flat(model: nn.Module) -> list[float]:
+    """The whole model, gathered (a collective under FSDP: every rank calls it)."""
+    state = model_state_dict(model)
+    return [v for k in sorted(state) for v in state[k].flatten().tolist()]
+
+
+def fit(d: phalanx.Dist, model: Any, *overrides: str, **kwargs: Any) -> phalanx.Trainer:
+    trainer = phalanx.Trainer(
+        d, config=config(*overrides), model=model,
+        optimizer=lambda p: torch.optim.AdamW(p, lr=0.01),
+        **{"train_data": data(), "train_step": mse_step, **kwargs},
+    )  # fmt: skip
+    trainer.fit()
+    return trainer
+
+
+def summary(trainer: phalanx.Trainer) -> dict[str, Any]:
+    history = trainer.history
+    return {"losses": [h["loss"] for h in history if "loss" in h],
+            "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
+            "params": flat(trainer.model)}  # fmt: skip
+
+
+@contextmanager
+def counting_reduce_scatters() -> Iterator[list[int]]:
+    """Count the reduce-scatter collectives FSDP2 issues (they still run: a spy, not a mock);
+    torch >= 2.12 calls reduce_scatter_single, older versions reduce_scatter_tensor."""
+    count = [0]
+    saved = {name: getattr(dist, name) for name in ("reduce_scatter_single",
+             "reduce_scatter_tensor") if hasattr(dist, name)}  # fmt: skip
+
+    def spy(real: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(real)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            count[0] += 1
+            return real(*args, **kwargs)
+
+        return call
+
+    for name, real in saved.items():
+        setattr(dist, name, spy(real))
+    try:
+        yield count
+    finally:
+        for name, real in saved.items():
+            setattr(dist, name, real)
+
+
+def scenario_accum(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    runs: dict[str, Any] = {}
+    for name, overrides in {
+        "accum1": ["data.batch_size=16", "train.grad_accum=1"],
+        "accum4": ["data.batch_size=4", "train.grad_accum=4"],
+        "accum4_every": ["data.batch_size=4", "train.grad_accum=4",
+                         "train.fsdp_reduce_every_micro_batch=true"],
+    }.items():  # fmt: skip
+        with counting_reduce_scatters() as count:
+            trainer = fit(d, Net, *overrides)
+        runs[name] = {**summary(trainer), "reduce_scatters": count[0]}
+    return runs
+
+
+def scenario_compile(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    from torch._dynamo.utils import counters
+
+    runs: dict[str, Any] = {}
+    for name, overrides in {
+        "eager": [], "compiled": ["train.compile=true"],
+        "compiled_ac": ["train.compile=true", "train.activation_checkpointing=full"],
+    }.items():  # fmt: skip
+        counters.clear()
+        trainer = fit(d, Net, *overrides)
+        root = unwrap(trainer.model)
+        runs[name] = {
+            **summary(trainer), "root_is_module": trainer.model is root,
+            "root_compiled": is_compiled(root),
+            "blocks_compiled": [is_compiled(b) for b in root.blocks],
+            "graphs": counters["stats"]["unique_graphs"],
+        }  # fmt: skip
+    return runs
+
+
+def main() -> None:
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    out.mkdir(parents=True, exist_ok=True)
+    with phalanx.distributed(phalanx.DistConfig(timeout_s=120)) as d:
+        result = SCENARIOS[scenario](d, {"out": str(out)})
+        if d.env.is_main_process:
+            (out / f"{scenario}.json").write_text(json.dumps(result))
+
+
+SCENARIOS = {"accum": scenario_accum, "compile": scenario_compile}
+
+if __name__ == "__main__":
+    main()
