@@ -52,3 +52,20 @@ def test_compile_under_fsdp_compiles_each_unit_not_the_root(tmp_path: Path) -> N
         assert all(result["blocks_compiled"]) and len(result["blocks_compiled"]) == 4, name
         assert result["graphs"] == 1, name  # identical blocks share one compiled graph
         same_training(result, runs["eager"])
+
+
+@pytest.mark.timeout(250)
+def test_tied_embeddings_in_a_factory_stay_tied_and_train_like_an_instance(tmp_path: Path) -> None:
+    runs = scenario(tmp_path, "tied")
+    reference = runs["ddp/instance"]
+    for name in ("fsdp/factory", "fsdp/instance", "ddp/factory"):
+        result = runs[name]
+        assert result["tied_at_init"] and result["tied_after"], name
+        assert result["losses"] == reference["losses"], name  # bitwise: same init, same tie
+        same_training(result, reference)
+    assert runs["init_weights_tied"]
+    assert runs["split"] == (
+        "parameters tok.weight and head.weight are one tied tensor, but train.fsdp_units puts "
+        "them in different FSDP units (<root>, tok); choose units that hold both or neither "
+        "(the root then holds them)"
+    )

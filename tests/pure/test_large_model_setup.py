@@ -16,9 +16,11 @@ from phalanx.train.activation_checkpoint import checkpoint_units
 from phalanx.train.meta_init import (
     build_on_meta,
     check_resettable,
+    find_ties,
     is_factory,
     materialize,
     seeded,
+    tie_root,
 )
 
 CPU = torch.device("cpu")
@@ -87,17 +89,25 @@ def test_state_without_reset_parameters_is_refused_with_the_fix() -> None:
         check_resettable(model)
 
 
-def test_factory_returning_no_module_and_tied_parameters_are_refused() -> None:
+def test_factory_returning_no_module_is_refused() -> None:
     with pytest.raises(UsageError, match=r"returned dict, not an nn\.Module"):
         build_on_meta(lambda: {})  # type: ignore[arg-type, return-value]
 
+
+def test_tied_parameters_are_found_and_tied_again_after_materialising() -> None:
     def tied() -> nn.Module:
-        model = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5, bias=False))
-        model[1].weight = model[0].weight
+        model = nn.Sequential(nn.Embedding(5, 4), nn.Sequential(nn.Linear(4, 5, bias=False)))
+        model[1][0].weight = model[0].weight
         return model
 
-    with pytest.raises(UsageError, match=r"parameters 0.weight and 1.weight are one tied tensor"):
-        build_on_meta(tied)
+    model = build_on_meta(tied)
+    assert find_ties(model) == [["0.weight", "1.0.weight"]]
+    assert tie_root(["0.weight", "1.0.weight"]) == "" and tie_root(["a.b.w", "a.c.w"]) == "a"
+    with seeded(0, CPU):
+        materialize(model, CPU)
+    assert model[1][0].weight is model[0].weight and len(list(model.parameters())) == 1
+    torch.manual_seed(0)
+    assert torch.equal(model[0].weight, tied()[0].weight)  # the owner's values: eager's
 
 
 def test_checkpointed_units_give_the_same_gradients_and_keep_parameter_names() -> None:

@@ -19,7 +19,8 @@ from torch.utils.data import TensorDataset
 
 import phalanx
 from phalanx.config import load
-from phalanx.train import model_state_dict, unwrap
+from phalanx.errors import UsageError
+from phalanx.train import model_state_dict, unwrap, wrap_model
 from phalanx.train.compiling import is_compiled
 
 DIM, WIDTH, VOCAB = 6, 16, 32
@@ -148,6 +149,64 @@ def scenario_compile(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     return runs
 
 
+class TiedLM(nn.Module):
+    """Token embedding and output head share one weight, tied the usual way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, WIDTH)
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def tokens(n: int = 64) -> TensorDataset:
+    return TensorDataset(
+        torch.randint(0, VOCAB, (n, 9), generator=torch.Generator().manual_seed(2))
+    )
+
+
+def lm_step(model: nn.Module, batch: Any) -> torch.Tensor:
+    (idx,) = batch
+    logits = model(idx[:, :-1])
+    return nn.functional.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten())
+
+
+def tied(model: nn.Module) -> bool:
+    root = unwrap(model)
+    return root.head.weight is root.tok.weight and len(list(root.parameters())) == 5
+
+
+def scenario_tied(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    runs: dict[str, Any] = {}
+    for strategy in ("fsdp", "ddp"):
+        for kind in ("factory", "instance"):
+            torch.manual_seed(0)
+            model = TiedLM if kind == "factory" else TiedLM()
+            trainer = phalanx.Trainer(
+                d, config=config(f"train.strategy={strategy}"), model=model,
+                optimizer=lambda p: torch.optim.AdamW(p, lr=0.01), train_data=tokens(),
+                train_step=lm_step,
+            )  # fmt: skip
+            at_init = tied(trainer.model)
+            trainer.fit()
+            runs[f"{strategy}/{kind}"] = {**summary(trainer), "tied_at_init": at_init,
+                                          "tied_after": tied(trainer.model)}  # fmt: skip
+    custom = wrap_model(TiedLM, d, strategy="fsdp", init_weights=lambda m: None)
+    runs["init_weights_tied"] = tied(custom)
+    try:
+        wrap_model(TiedLM, d, strategy="fsdp", fsdp_units=("Embedding",))
+    except UsageError as error:
+        runs["split"] = str(error)
+    return runs
+
+
 def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +216,7 @@ def main() -> None:
             (out / f"{scenario}.json").write_text(json.dumps(result))
 
 
-SCENARIOS = {"accum": scenario_accum, "compile": scenario_compile}
+SCENARIOS = {"accum": scenario_accum, "compile": scenario_compile, "tied": scenario_tied}
 
 if __name__ == "__main__":
     main()

@@ -27,7 +27,14 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from phalanx.errors import UsageError
-from phalanx.train.meta_init import InitFn, check_resettable, init_whole, materialize, seeded
+from phalanx.train.meta_init import (
+    InitFn,
+    check_resettable,
+    find_ties,
+    init_whole,
+    materialize,
+    seeded,
+)
 
 
 def shard_units(model: nn.Module, unit_names: tuple[str, ...]) -> list[nn.Module]:
@@ -59,6 +66,27 @@ def _contains(outer: nn.Module, inner: nn.Module) -> bool:
     return any(m is inner for m in outer.modules())
 
 
+def check_ties(model: nn.Module, units: list[nn.Module]) -> None:
+    """Tied parameters must live in one FSDP unit: FSDP shards and gathers a unit's tensors
+    together, and a tensor claimed by two units would be sharded twice."""
+    paths = {id(m): name for name, m in model.named_modules()}
+    unit_paths = [paths[id(unit)] for unit in units]
+    for names in find_ties(model):
+        owners = {_unit_of(name, unit_paths) for name in names}
+        if len(owners) > 1:
+            shown = sorted(owner or "<root>" for owner in owners)
+            raise UsageError(
+                f"parameters {' and '.join(names)} are one tied tensor, but train.fsdp_units "
+                f"puts them in different FSDP units ({', '.join(shown)}); choose units that "
+                "hold both or neither (the root then holds them)"
+            )
+
+
+def _unit_of(param_name: str, unit_paths: list[str]) -> str:
+    """The unit (its path; '' for the root) that shards the parameter named `param_name`."""
+    return next((u for u in unit_paths if param_name.startswith(u + ".")), "")
+
+
 def broadcast_from_rank0(model: nn.Module) -> None:
     """Every rank gets rank 0's parameters and buffers (what DDP does at wrap time)."""
     with torch.no_grad():
@@ -75,8 +103,10 @@ def shard_model(
     """
     policy = _policy(precision)
     _check_plain(model)
+    units = shard_units(model, unit_names)
+    check_ties(model, units)
     broadcast_from_rank0(model)
-    for unit in shard_units(model, unit_names):
+    for unit in units:
         fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
     _shard_root(model, policy)
     return model
@@ -105,6 +135,7 @@ def shard_new_model(
     policy = _policy(precision)
     _check_plain(model)
     units = shard_units(model, unit_names)
+    check_ties(model, units)
     if init_weights is None:
         check_resettable(model)
         unit_ids = {id(unit) for unit in units}

@@ -43,21 +43,40 @@ def build_on_meta(factory: ModelFactory) -> nn.Module:
             f"the model factory returned {type(model).__name__}, not an nn.Module; pass "
             "model=lambda: MyModel(...) or an nn.Module"
         )
-    _check_untied(model)
     return model
 
 
-def _check_untied(model: nn.Module) -> None:
-    """`to_empty` gives each module its own new tensor, which would silently untie shared
-    parameters (tied embeddings); refuse them until they are re-tied on purpose."""
-    seen: dict[int, str] = {}
+def find_ties(model: nn.Module) -> list[list[str]]:
+    """Names of the parameters that are one tensor (tied embeddings), one list per tensor, in
+    `named_parameters` order; the first name is the tensor's owner."""
+    groups: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in seen:
-            raise UsageError(
-                f"parameters {seen[id(param)]} and {name} are one tied tensor, which a model "
-                "factory does not support yet; pass the model as an instance"
-            )
-        seen[id(param)] = name
+        groups.setdefault(id(param), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def _owner(name: str) -> str:
+    return name.rpartition(".")[0]
+
+
+def tie_root(names: list[str]) -> str:
+    """The innermost module holding every parameter of a tie group ('' for the root)."""
+    paths = [_owner(name).split(".") if _owner(name) else [] for name in names]
+    common: list[str] = []
+    for parts in zip(*paths, strict=False):  # shortest path: deeper parts cannot be common
+        if len(set(parts)) > 1:
+            break
+        common.append(parts[0])
+    return ".".join(common)
+
+
+def retie(model: nn.Module, names: list[str]) -> None:
+    """Point every name of a tie group at its owner's tensor again: `to_empty` gave each module
+    a tensor of its own. The owner's values are the ones kept: those of an eager build where the
+    later module takes the earlier one's weight (`self.head.weight = self.tok.weight`)."""
+    param = model.get_parameter(names[0])
+    for name in names[1:]:
+        setattr(model.get_submodule(_owner(name)), name.rpartition(".")[2], param)
 
 
 def check_resettable(model: nn.Module) -> None:
@@ -87,26 +106,46 @@ def seeded(seed: int, device: torch.device) -> Iterator[None]:
 
 
 def materialize(
-    module: nn.Module,
+    model: nn.Module,
     device: torch.device,
     *,
     after: Callable[[nn.Module], None] = lambda m: None,
 ) -> None:
-    """Give `module` storage on `device` and reset it, parents first; `after(m)` runs once a
+    """Give `model` storage on `device` and reset it, parents first; `after(m)` runs once a
     module and all its parts are done (FSDP shards its units there, freeing their full copies
-    before the next unit is materialised)."""
+    before the next unit is materialised). Tied parameters are tied again as soon as the
+    innermost module holding all of them is done, before its `after`."""
+    ties: dict[int, list[list[str]]] = {}
+    for names in find_ties(model):
+        ties.setdefault(id(model.get_submodule(tie_root(names))), []).append(names)
+
+    def done(module: nn.Module) -> None:
+        for names in ties.get(id(module), []):
+            retie(model, names)
+        after(module)
+
+    _materialize(model, device, done)
+
+
+def _materialize(
+    module: nn.Module, device: torch.device, after: Callable[[nn.Module], None]
+) -> None:
     module.to_empty(device=device, recurse=False)
     reset = getattr(module, "reset_parameters", None)
     if callable(reset):
         with torch.no_grad():
             reset()
     for child in module.children():
-        materialize(child, device, after=after)
+        _materialize(child, device, after)
     after(module)
 
 
 def init_whole(model: nn.Module, device: torch.device, init_weights: InitFn) -> None:
-    """Storage for the whole (possibly sharded) model, then the user's initialiser on it."""
+    """Storage for the whole (possibly sharded) model, tied parameters tied again, then the
+    user's initialiser on it."""
+    ties = find_ties(model)
     model.to_empty(device=device)
+    for names in ties:
+        retie(model, names)
     with torch.no_grad():
         init_weights(model)
