@@ -9,6 +9,8 @@ checkpoints load into a plain model.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
@@ -38,6 +40,32 @@ def resolve_strategy(requested: str, world_size: int) -> str:
     if requested == "auto":
         return "ddp" if world_size > 1 else "single"
     return requested
+
+
+def ddp_oom_message(error: BaseException, *, requested: str, world_size: int) -> str | None:
+    """The one-line fix for a GPU out-of-memory error of a run that strategy=auto put on DDP;
+    None for any other error or a strategy the user chose."""
+    if not isinstance(error, torch.OutOfMemoryError) or requested != "auto":
+        return None
+    if resolve_strategy(requested, world_size) != "ddp":
+        return None
+    return (
+        "DDP ran out of GPU memory (train.strategy=auto chose ddp: every rank holds the whole "
+        "model, its gradients and optimizer state); set train.strategy=fsdp "
+        "checkpoint.sharded=true to shard them over the ranks"
+    )
+
+
+@contextlib.contextmanager
+def explain_ddp_oom(requested: str, world_size: int) -> Iterator[None]:
+    """Turn an out-of-memory error inside into ddp_oom_message's UsageError, where it applies."""
+    try:
+        yield
+    except torch.OutOfMemoryError as error:
+        message = ddp_oom_message(error, requested=requested, world_size=world_size)
+        if message is None:
+            raise
+        raise UsageError(message) from error
 
 
 def wrap_model(

@@ -36,7 +36,7 @@ from phalanx.train.optim import build_optimizer, build_scheduler
 from phalanx.train.precision import Precision
 from phalanx.train.progress import Throughput, peak_flops, progress_line
 from phalanx.train.step import StepFn, StepParts, optimizer_step, sync_debug, to_device
-from phalanx.train.strategy import unwrap, wrap_model
+from phalanx.train.strategy import explain_ddp_oom, unwrap, wrap_model
 from phalanx.train.tracking import end_tracking, start_tracking
 from phalanx.train.watchdog import start_hang_watch
 
@@ -81,7 +81,8 @@ class Trainer:
         self.config, self.handle, self.env = config, handle, handle.env
         self.train_data, self.eval_data, self.eval_step = train_data, eval_data, eval_step
         self.collate_fn, self.callbacks = collate_fn, list(callbacks)
-        self._build_training(model, optimizer, scheduler, train_step, init_weights)
+        with explain_ddp_oom(config.train.strategy, self.env.world_size):
+            self._build_training(model, optimizer, scheduler, train_step, init_weights)
         self._build_bookkeeping(flops_per_sample, tokens_per_sample)
 
     def _build_training(
@@ -270,7 +271,10 @@ class Trainer:
                 break
             self._beat("step")
             # From step 3 on: DDP rebuilds its gradient buckets once, with a sync, on step 2.
-            with sync_debug(train.sync_debug and self.state.step >= 2, self.handle.device):
+            with (
+                sync_debug(train.sync_debug and self.state.step >= 2, self.handle.device),
+                explain_ddp_oom(train.strategy, self.env.world_size),
+            ):
                 optimizer_step(self._parts, batches, step=self.state.step + 1)
             self.state.step += 1
             self._beat("after")
