@@ -44,7 +44,8 @@ class TrainConfig:
     """auto (ddp with several ranks, else single), single, ddp or fsdp (FSDP2: parameters,
     gradients and optimizer state sharded over the ranks; needs checkpoint.sharded=true)."""
     compile: bool = False
-    """torch.compile the model (for DDP: the DDP-wrapped module, so graphs split at buckets)."""
+    """torch.compile the model (DDP: the DDP-wrapped module, so graphs split at buckets; FSDP:
+    each unit's forward, the root stays eager and FSDP's hooks outside the graphs)."""
     ddp_static_graph: bool = False
     """DDP static_graph=True: faster when the graph never changes between steps."""
     ddp_bucket_mb: float = 25.0
