@@ -104,6 +104,7 @@ class Trainer:
             activation_checkpointing=train.activation_checkpointing,
             init_weights=init_weights,
             seed=train.seed,
+            hsdp_shard_size=train.hsdp_shard_size,
         )
         self.optimizer = build_optimizer(optimizer, self.model, train, self.env.world_size)
         self.scheduler = build_scheduler(scheduler, self.optimizer, train)
@@ -305,13 +306,10 @@ class Trainer:
         self._beat("eval")
         data = self.config.data
         loader = make_eval_loader(
-            self.eval_data,
-            env=self.env,
-            batch_size=data.eval_batch_size or data.batch_size,
-            collate_fn=self.collate_fn,
+            self.eval_data, env=self.env, batch_size=data.eval_batch_size or data.batch_size,
+            collate_fn=self.collate_fn, worker_start=data.worker_start,
             num_workers=None if data.num_workers < 0 else data.num_workers,
-            worker_start=data.worker_start,
-        )
+        )  # fmt: skip
         lockstep = lockstep_steps(self.model, loader, self.env.world_size)
         with self.throughput.paused():
             values = evaluate(
