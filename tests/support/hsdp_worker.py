@@ -5,6 +5,7 @@ through)."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,17 @@ def scenario_parity(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def scenario_nodes(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    """HSDP with the default shard groups (one node's ranks) against DDP, and which host every
+    rank of each shard group runs on."""
+    hsdp = train(d, eager(), "train.strategy=hsdp")
+    model = wrap_model(Blocks, d, strategy="hsdp")
+    mesh = next(unwrap(model).parameters()).device_mesh  # type: ignore[attr-defined]
+    placed: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(placed, (socket.gethostname(), mesh["shard"].mesh.tolist()))
+    return {"ddp": train(d, eager(), "train.strategy=ddp"), "hsdp": hsdp, "placed": placed}
+
+
 def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
@@ -120,7 +132,7 @@ def main() -> None:
             (out / f"{scenario}.json").write_text(json.dumps(result))
 
 
-SCENARIOS = {"parity": scenario_parity}
+SCENARIOS = {"parity": scenario_parity, "nodes": scenario_nodes}
 
 if __name__ == "__main__":
     main()
