@@ -143,3 +143,16 @@ def test_sharded_checkpoints_resume_on_another_mesh_and_world_size(
     origin = hsdp_resumed if source == "hsdp" else fsdp_reference
     launch(run_dir, strategy, ranks, f"checkpoint.resume={origin}/checkpoints/step-{step}")
     assert_continues(run_dir, fsdp_reference, first=step + 1)
+
+
+@pytest.mark.timeout(120)
+def test_export_of_an_hsdp_checkpoint_gives_the_whole_model(hsdp_resumed: Path) -> None:
+    out = hsdp_resumed / "exported.pt"
+    step_dir = hsdp_resumed / "checkpoints" / "step-12"
+    result = run([str(VENV_BIN / "phalanx"), "export", str(step_dir), str(out)], timeout=100)
+    assert result.returncode == 0, result.stderr[-3000:]
+    exported = torch.load(out, weights_only=True)
+    final = torch.load(hsdp_resumed / "final.pt", weights_only=True)  # gathered after step 12
+    assert exported.keys() == final.keys() and "blocks.0.0.weight" in final
+    for name, tensor in final.items():
+        assert torch.equal(exported[name], tensor), name
