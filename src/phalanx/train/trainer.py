@@ -306,10 +306,13 @@ class Trainer:
         self._beat("eval")
         data = self.config.data
         loader = make_eval_loader(
-            self.eval_data, env=self.env, batch_size=data.eval_batch_size or data.batch_size,
-            collate_fn=self.collate_fn, worker_start=data.worker_start,
+            self.eval_data,
+            env=self.env,
+            batch_size=data.eval_batch_size or data.batch_size,
+            collate_fn=self.collate_fn,
             num_workers=None if data.num_workers < 0 else data.num_workers,
-        )  # fmt: skip
+            worker_start=data.worker_start,
+        )
         lockstep = lockstep_steps(self.model, loader, self.env.world_size)
         with self.throughput.paused():
             values = evaluate(
