@@ -32,11 +32,12 @@ def max_diff(a: list[float], b: list[float]) -> float:
 @pytest.mark.timeout(240)
 def test_hsdp_2x2_trains_like_ddp(tmp_path: Path) -> None:
     # 6 AdamW steps of 2 micro-batches, clipping active (the gradient norm of a 2-D mesh's
-    # DTensors, made whole), evaluation in lock step; an instance and a meta-device factory.
+    # DTensors, made whole), evaluation in lock step; an instance, a meta-device factory, and
+    # gradients reduced after every micro-batch instead of once per step.
     r = scenario(tmp_path, "parity", 4)
     ddp = r["ddp"]
     assert len(ddp["losses"]) == 6 and min(ddp["grad_norms"]) > 0.3  # clipping did something
-    for name in ("hsdp", "hsdp_factory"):
+    for name in ("hsdp", "hsdp_factory", "hsdp_every"):
         hsdp = r[name]
         assert hsdp["placements"] == ["R", "S(0)"], name  # replicated x sharded
         assert max_diff(ddp["losses"], hsdp["losses"]) < 1e-5, name

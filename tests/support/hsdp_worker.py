@@ -106,6 +106,7 @@ def scenario_parity(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
         "ddp": train(d, eager(), "train.strategy=ddp"),
         "hsdp": train(d, eager(), *hsdp),
         "hsdp_factory": train(d, Blocks, *hsdp),  # meta device, reset_parameters from seed 0
+        "hsdp_every": train(d, eager(), *hsdp, "train.fsdp_reduce_every_micro_batch=true"),
         "custom": local_shards(
             wrap_model(Blocks, d, strategy="hsdp", hsdp_shard_size=2, init_weights=normal_init)
         ),
