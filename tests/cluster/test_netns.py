@@ -7,6 +7,7 @@ is the multi-node path of a real cluster: c10d rendezvous on node1, gloo across 
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -78,3 +79,22 @@ def test_phalanx_run_on_two_namespace_nodes(nodes: Cluster, tmp_path: Path) -> N
         crossed = [after - then for after, then in zip(now, before[node.hostname], strict=True)]
         assert min(crossed) > MIN_CROSS_BYTES, f"{node.hostname} sent/received only {crossed} bytes"
     assert socket.gethostname() == hostname, "a node's host name leaked out of its namespace"
+
+
+HSDP_WORKER = str(Path(__file__).parents[1] / "support" / "hsdp_worker.py")
+
+
+@pytest.mark.timeout(200)
+def test_hsdp_shards_within_each_node_and_trains_like_ddp(nodes: Cluster, tmp_path: Path) -> None:
+    # train.hsdp_shard_size=0: a shard group is one node's 2 ranks; replicas meet across nodes.
+    flags = ["--nnodes", "2", "-n", "2", "--rdzv-endpoint", "node1:29400", "--rdzv-id", "h"]
+    argv = [str(VENV_BIN / "phalanx"), "run", *flags, HSDP_WORKER, "nodes", str(tmp_path)]
+    _on_both_nodes(nodes, argv, timeout=150)
+    r = json.loads((tmp_path / "nodes.json").read_text())
+    assert r["placed"] == [["node1", [0, 1]], ["node1", [0, 1]], ["node2", [2, 3]],
+                           ["node2", [2, 3]]]  # fmt: skip
+    ddp, hsdp = r["ddp"], r["hsdp"]
+    assert hsdp["placements"] == ["R", "S(0)"] and len(ddp["losses"]) == 6
+    for key in ("losses", "grad_norms", "params"):
+        diff = max(abs(a - b) for a, b in zip(ddp[key], hsdp[key], strict=True))
+        assert diff < (1e-4 if key == "grad_norms" else 1e-5), key

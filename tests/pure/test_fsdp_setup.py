@@ -66,7 +66,7 @@ def test_unknown_unit_class_names_the_classes_the_model_has() -> None:
         (["train.strategy=fsdp"], "needs checkpoint.sharded=true"),
         (["train.strategy=fsdp", "checkpoint.sharded=true", "train.precision=fp16"],
          "fp16 is not supported with train.strategy=fsdp; use bf16"),
-        (["train.strategy=fdsp"], "is not one of: auto, single, ddp, fsdp"),
+        (["train.strategy=fdsp"], "is not one of: auto, single, ddp, fsdp, hsdp"),
     ],
 )  # fmt: skip
 def test_fsdp_config_errors_are_one_line(overrides: list[str], message: str) -> None:

@@ -15,7 +15,11 @@ from phalanx.config.schema import Config, check_choice
 from phalanx.errors import UsageError
 
 Precision = Literal["fp32", "bf16", "fp16"]
-Strategy = Literal["auto", "single", "ddp", "fsdp"]
+Strategy = Literal["auto", "single", "ddp", "fsdp", "hsdp"]
+STRATEGIES = ("auto", "single", "ddp", "fsdp", "hsdp")
+SHARDED_STRATEGIES = ("fsdp", "hsdp")
+"""Strategies whose parameters are DTensor shards (FSDP2): sharded checkpoints, an optimizer
+factory, no fp16."""
 NanPolicy = Literal["skip", "stop", "count"]
 LrScaling = Literal["none", "linear"]
 
@@ -41,8 +45,9 @@ class TrainConfig:
     precision: Precision = "fp32"
     """fp32, bf16 (autocast) or fp16 (autocast + GradScaler)."""
     strategy: Strategy = "auto"
-    """auto (ddp with several ranks, else single), single, ddp or fsdp (FSDP2: parameters,
-    gradients and optimizer state sharded over the ranks; needs checkpoint.sharded=true)."""
+    """auto (ddp with several ranks, else single), single, ddp, fsdp (FSDP2: parameters,
+    gradients and optimizer state sharded over the ranks; needs checkpoint.sharded=true) or
+    hsdp (FSDP2 sharded within groups of train.hsdp_shard_size ranks, replicated across them)."""
     compile: bool = False
     """torch.compile the model (DDP: the DDP-wrapped module, so graphs split at buckets; FSDP:
     each unit's forward, the root stays eager and FSDP's hooks outside the graphs)."""
@@ -63,6 +68,9 @@ class TrainConfig:
     """FSDP with grad_accum > 1: reduce-scatter gradients after every micro-batch (each rank
     keeps only its gradient shard) instead of after the last one only (one reduce-scatter per
     step, but each rank holds the whole model's unsharded fp32 gradients meanwhile)."""
+    hsdp_shard_size: int = 0
+    """HSDP: ranks per shard group (consecutive ranks: one node's); parameters are sharded within
+    a group and replicated across groups. 0: the ranks of one node (local_world_size)."""
     nan_policy: NanPolicy = "stop"
     """Non-finite loss or gradient on any rank: skip the step, stop with a message, or count."""
     log_every: int = 50
@@ -86,14 +94,19 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))
-        check_choice("train.strategy", self.strategy, ("auto", "single", "ddp", "fsdp"))
+        check_choice("train.strategy", self.strategy, STRATEGIES)
         check_choice("train.nan_policy", self.nan_policy, ("skip", "stop", "count"))
         check_choice("train.lr_scaling", self.lr_scaling, ("none", "linear"))
         checkpoint_every(self.activation_checkpointing)
-        if self.strategy == "fsdp" and self.precision == "fp16":
+        if self.strategy in SHARDED_STRATEGIES and self.precision == "fp16":
             raise UsageError(
-                "config train.precision=fp16 is not supported with train.strategy=fsdp; use "
-                "bf16 (no loss scaling needed)"
+                f"config train.precision=fp16 is not supported with train.strategy="
+                f"{self.strategy}; use bf16 (no loss scaling needed)"
+            )
+        if self.hsdp_shard_size and self.strategy != "hsdp":
+            raise UsageError(
+                f"config train.hsdp_shard_size={self.hsdp_shard_size} applies to train.strategy"
+                f"=hsdp only (got {self.strategy}); add train.strategy=hsdp or drop the setting"
             )
         for key, value, low in (
             ("train.epochs", self.epochs, 1),
@@ -104,6 +117,7 @@ class TrainConfig:
             ("train.warmup_steps", self.warmup_steps, 0),
             ("train.clip_grad_norm", self.clip_grad_norm, 0),
             ("train.ddp_bucket_mb", self.ddp_bucket_mb, 0.001),
+            ("train.hsdp_shard_size", self.hsdp_shard_size, 0),
             ("train.hang_timeout_s", self.hang_timeout_s, 0),
         ):
             _at_least(key, value, low)
@@ -285,8 +299,8 @@ class TrainerConfig(Config):
                 " (a collective times out first, naming no rank); lower it, raise "
                 "dist.timeout_s, or set train.hang_timeout_s=0 to turn the watchdog off"
             )
-        if self.train.strategy == "fsdp" and not self.checkpoint.sharded:
+        if self.train.strategy in SHARDED_STRATEGIES and not self.checkpoint.sharded:
             raise UsageError(
-                "config train.strategy=fsdp needs checkpoint.sharded=true (every rank saves its "
-                "own shards); add checkpoint.sharded=true"
+                f"config train.strategy={self.train.strategy} needs checkpoint.sharded=true "
+                "(every rank saves its own shards); add checkpoint.sharded=true"
             )

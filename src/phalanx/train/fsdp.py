@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -95,11 +96,17 @@ def broadcast_from_rank0(model: nn.Module) -> None:
 
 
 def shard_model(
-    model: nn.Module, *, unit_names: tuple[str, ...], precision: str, reshard: bool
+    model: nn.Module,
+    *,
+    unit_names: tuple[str, ...],
+    precision: str,
+    reshard: bool,
+    mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """Apply fully_shard to every unit, then to the root; the model's parameters become DTensors.
 
-    `model` must already be on the rank's device, on every rank.
+    `model` must already be on the rank's device, on every rank. `mesh`: None shards over all
+    ranks; a 2-D ("replicate", "shard") mesh is HSDP (phalanx.train.hsdp).
     """
     policy = _policy(precision)
     _check_plain(model)
@@ -107,8 +114,8 @@ def shard_model(
     check_ties(model, units)
     broadcast_from_rank0(model)
     for unit in units:
-        fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
-    _shard_root(model, policy)
+        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    _shard_root(model, policy, mesh)
     return model
 
 
@@ -122,6 +129,7 @@ def shard_new_model(
     init_weights: InitFn | None,
     seed: int,
     rank: int,
+    mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """Shard a model built on the meta device (a factory's), materialise and initialise it
     without a full copy on any rank.
@@ -130,7 +138,8 @@ def shard_new_model(
     initialised, all ranks drawing from `seed`: the values do not depend on the world size.
     init_weights: shard on meta, then storage for the shards only and the user's function on
     DTensors, each rank drawing from seed + rank (torch gives no offset-based DTensor random
-    init on CPU; where it does (CUDA), it syncs rank 0's generator and takes over).
+    init on CPU; where it does (CUDA), it syncs rank 0's generator and takes over); under HSDP
+    from seed + the rank's place in its shard group, so that the replicas of a shard agree.
     """
     policy = _policy(precision)
     _check_plain(model)
@@ -142,16 +151,16 @@ def shard_new_model(
 
         def shard_unit(module: nn.Module) -> None:
             if id(module) in unit_ids:
-                fully_shard(module, mp_policy=policy, reshard_after_forward=reshard)
+                fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
 
         with seeded(seed, device):
             materialize(model, device, after=shard_unit)
-        _shard_root(model, policy)
+        _shard_root(model, policy, mesh)
         return model
     for unit in units:
-        fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
-    _shard_root(model, policy)
-    with seeded(seed + rank, device):
+        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    _shard_root(model, policy, mesh)
+    with seeded(seed + (rank if mesh is None else mesh.get_local_rank("shard")), device):
         init_whole(model, device, init_weights)
     return model
 
@@ -173,9 +182,9 @@ def _check_plain(model: nn.Module) -> None:
         )
 
 
-def _shard_root(model: nn.Module, policy: MixedPrecisionPolicy) -> None:
+def _shard_root(model: nn.Module, policy: MixedPrecisionPolicy, mesh: DeviceMesh | None) -> None:
     # The root's parameters are needed again right after forward (by backward): keep them.
-    fully_shard(model, mp_policy=policy, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from phalanx.config.training import TrainConfig
+from phalanx.config.training import SHARDED_STRATEGIES, TrainConfig
 from phalanx.errors import UsageError
 
 
@@ -15,10 +15,10 @@ def build_optimizer(
     optimizer: Any, model: nn.Module, train: TrainConfig, world_size: int
 ) -> torch.optim.Optimizer:
     """An Optimizer (as given, or from a factory over the wrapped model's parameters)."""
-    if isinstance(optimizer, torch.optim.Optimizer) and train.strategy == "fsdp":
+    if isinstance(optimizer, torch.optim.Optimizer) and train.strategy in SHARDED_STRATEGIES:
         raise UsageError(
-            "train.strategy=fsdp replaces the model's parameters with shards, so an optimizer "
-            "built before would update nothing; pass a factory: optimizer=lambda params: "
+            f"train.strategy={train.strategy} replaces the model's parameters with shards, so an "
+            "optimizer built before would update nothing; pass a factory: optimizer=lambda params: "
             "torch.optim.AdamW(params, lr=...)"
         )
     if not isinstance(optimizer, torch.optim.Optimizer):

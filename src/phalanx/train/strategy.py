@@ -1,10 +1,11 @@
-"""Model wrapping: single device, DDP or FSDP2, then torch.compile as torch recommends.
+"""Model wrapping: single device, DDP, FSDP2 or HSDP (FSDP2 on a 2-D mesh), then torch.compile
+as torch recommends.
 
 For DDP the DDP-wrapped module is compiled, so TorchDynamo's DDPOptimizer splits graphs at
-bucket boundaries and communication overlaps the backward pass. Under FSDP each unit's forward
-is compiled before sharding, the root is not (phalanx.train.compiling). FSDP2 shards the model
-in place (phalanx.train.fsdp). State dicts never carry wrapper prefixes (`module.`, `_orig_mod.`):
-checkpoints load into a plain model.
+bucket boundaries and communication overlaps the backward pass. Under FSDP and HSDP each unit's
+forward is compiled before sharding, the root is not (phalanx.train.compiling). FSDP2 shards the
+model in place (phalanx.train.fsdp). State dicts never carry wrapper prefixes (`module.`,
+`_orig_mod.`): checkpoints load into a plain model.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from phalanx.checkpoint.checkpointer import module_state_dict
+from phalanx.config.training import SHARDED_STRATEGIES
 from phalanx.dist.process_group import Dist
 from phalanx.errors import UsageError
 from phalanx.train.activation_checkpoint import checkpoint_units
 from phalanx.train.compiling import compile_units
 from phalanx.train.fsdp import shard_model, shard_new_model
+from phalanx.train.hsdp import hsdp_mesh
 from phalanx.train.meta_init import (
     InitFn,
     ModelFactory,
@@ -82,8 +85,10 @@ def wrap_model(
     activation_checkpointing: str = "none",
     init_weights: InitFn | None = None,
     seed: int = 0,
+    hsdp_shard_size: int = 0,
 ) -> nn.Module:
-    """Move `model` to the rank's device and wrap it for `strategy` (single, ddp or fsdp).
+    """Move `model` to the rank's device and wrap it for `strategy` (single, ddp, fsdp or hsdp:
+    sharded within groups of `hsdp_shard_size` ranks, 0: a node's, replicated across them).
 
     `model` may be a factory (`lambda: MyModel(cfg)`): built on the meta device, then given
     storage on the rank's device and initialised from `seed` (each module's reset_parameters(),
@@ -100,18 +105,20 @@ def wrap_model(
         )
     model = cast(nn.Module, model)
     checkpoint_units(model, fsdp_units, activation_checkpointing)
-    if chosen == "fsdp":
+    if chosen in SHARDED_STRATEGIES:
+        mesh = hsdp_mesh(handle.env, hsdp_shard_size, handle.device) if chosen == "hsdp" else None
         if compile:  # per unit, before sharding (phalanx.train.compiling)
             compile_units(model, fsdp_units)
         if fresh:
             sharded = shard_new_model(
                 model, device=handle.device, unit_names=fsdp_units, precision=precision,
                 reshard=fsdp_reshard, init_weights=init_weights, seed=seed, rank=handle.env.rank,
+                mesh=mesh,
             )  # fmt: skip
         else:
             sharded = shard_model(
                 model.to(handle.device), unit_names=fsdp_units, precision=precision,
-                reshard=fsdp_reshard,
+                reshard=fsdp_reshard, mesh=mesh,
             )  # fmt: skip
         return sharded
     if fresh:
@@ -161,8 +168,8 @@ def unwrap(model: nn.Module) -> nn.Module:
 def model_state_dict(model: nn.Module) -> dict[str, Any]:
     """The user's module's state dict, keys free of wrapper prefixes.
 
-    Sharded (train.strategy=fsdp): the whole state, gathered to CPU on rank 0 and empty on the
-    others; a collective, so every rank must call it."""
+    Sharded (train.strategy=fsdp or hsdp): the whole state, gathered to CPU on rank 0 and empty
+    on the others; a collective, so every rank must call it."""
     return module_state_dict(unwrap(model))
 
 

@@ -105,6 +105,7 @@ class Trainer:
             activation_checkpointing=train.activation_checkpointing,
             init_weights=init_weights,
             seed=train.seed,
+            hsdp_shard_size=train.hsdp_shard_size,
         )
         self.optimizer = build_optimizer(optimizer, self.model, train, self.env.world_size)
         self.scheduler = build_scheduler(scheduler, self.optimizer, train)
