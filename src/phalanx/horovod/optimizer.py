@@ -134,8 +134,9 @@ def DistributedOptimizer(
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     if any(p.is_sparse for p in params):
         refuse("sparse gradients")
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_DistributedOptimizer.__dict__))  # fmt: skip
+    methods = {k: v for k, v in vars(_DistributedOptimizer).items()
+               if k not in ("__dict__", "__weakref__")}  # fmt: skip
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     wrapped: Any = object.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     scaling = (1.0 / gradient_predivide_factor, gradient_predivide_factor)
