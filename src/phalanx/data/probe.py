@@ -37,7 +37,8 @@ def capture(script: str, args: list[str]) -> tuple[Any, dict[str, Any]]:
 
     saved_argv, saved_trainer = sys.argv, phalanx.train.Trainer
     sys.argv = [script, *args]
-    phalanx.train.Trainer = _intercept
+    module: Any = phalanx.train  # the class is replaced for this run only
+    module.Trainer = _intercept
     # The script becomes __main__ for real: its data set classes pickle by reference, and
     # loader workers re-import it (as __mp_main__) the way they do in a training run.
     main = types.ModuleType("__main__")
@@ -50,7 +51,7 @@ def capture(script: str, args: list[str]) -> tuple[Any, dict[str, Any]]:
         return captured.handle, captured.kwargs
     finally:
         sys.argv = saved_argv
-        phalanx.train.Trainer = saved_trainer
+        module.Trainer = saved_trainer
     raise UsageError(f"{script} finished without constructing phalanx.Trainer(...); "
                      "probe-data measures the train_data a Trainer is given")  # fmt: skip
 
