@@ -143,9 +143,32 @@ def build_parser() -> _Parser:
     _add_export(sub)
     _add_plot(sub)
     _add_doctor(sub)
+    _add_probe_data(sub)
     add_sweep_parser(sub)
     add_job_parsers(sub)
     return parser
+
+
+def _add_probe_data(sub: argparse._SubParsersAction[_Parser]) -> None:
+    probe = sub.add_parser(
+        "probe-data",
+        help="measure the training data loading of a script (samples/s per num_workers)",
+        description="Run SCRIPT until it builds phalanx.Trainer(...), then time its train_data "
+        "through the Trainer's own loader for num_workers 0..CPUs and pin_memory.",
+    )
+    probe.add_argument("--max-workers", type=int, default=None, metavar="K",
+                       help="largest num_workers to try (default: the CPUs)")  # fmt: skip
+    probe.add_argument("--batches", type=int, default=50, metavar="B",
+                       help="batches timed per setting, after the first")  # fmt: skip
+    probe.add_argument("script", help="the training script")
+    probe.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+
+
+def _cmd_probe_data(args: argparse.Namespace) -> int:
+    from phalanx.data.probe import sweep
+
+    print(sweep(args.script, list(args.args), max_workers=args.max_workers, batches=args.batches))
+    return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -201,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {
         "run": _cmd_run, "info": _cmd_info, "export": _cmd_export, "plot": _cmd_plot,
-        "doctor": cmd_doctor, "sweep": cmd_sweep,
+        "doctor": cmd_doctor, "sweep": cmd_sweep, "probe-data": _cmd_probe_data,
         **JOB_HANDLERS,
     }  # fmt: skip
     try:

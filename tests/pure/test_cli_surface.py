@@ -25,6 +25,7 @@ EXPECTED = {
     },
     "env": {"-h", "--help", "--profile", "--profiles", "--set", "--requirements", "--project",
             "--path", "--name", "-o", "--output"},
+    "probe-data": {"-h", "--help", "--max-workers", "--batches"},
     "status": {"-h", "--help"},
     "logs": {"-h", "--help", "-f", "--follow"},
     "cancel": {"-h", "--help"},
