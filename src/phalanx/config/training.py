@@ -57,6 +57,13 @@ class TrainConfig:
     fsdp_reshard_after_forward: bool = True
     """FSDP: free each unit's gathered parameters after its forward (gather again for backward);
     false keeps them until backward: faster, more memory."""
+    init_from: str = ""
+    """Pretrained weights to start from: a torch.save state dict, a .safetensors file or a
+    directory of them (Hugging Face layout); each rank reads only its own shards. Empty: the
+    model's own initialisation. A resumed checkpoint takes precedence."""
+    init_from_read: Literal["slices", "broadcast"] = "slices"
+    """How train.init_from is read: slices (each rank reads its shards) or broadcast (rank 0
+    reads each tensor and broadcasts it: one reader for a strained file system)."""
     nan_policy: NanPolicy = "stop"
     """Non-finite loss or gradient on any rank: skip the step, stop with a message, or count."""
     log_every: int = 50
@@ -83,6 +90,7 @@ class TrainConfig:
         check_choice("train.strategy", self.strategy, ("auto", "single", "ddp", "fsdp"))
         check_choice("train.nan_policy", self.nan_policy, ("skip", "stop", "count"))
         check_choice("train.lr_scaling", self.lr_scaling, ("none", "linear"))
+        check_choice("train.init_from_read", self.init_from_read, ("slices", "broadcast"))
         checkpoint_every(self.activation_checkpointing)
         if self.strategy == "fsdp" and self.precision == "fp16":
             raise UsageError(

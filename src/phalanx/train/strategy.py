@@ -8,6 +8,7 @@ checkpoints load into a plain model.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from phalanx.checkpoint.checkpointer import module_state_dict
+from phalanx.checkpoint.pretrained import Read, load_pretrained
 from phalanx.dist.process_group import Dist
 from phalanx.errors import UsageError
 from phalanx.train.activation_checkpoint import checkpoint_units
@@ -52,22 +54,32 @@ def wrap_model(
     activation_checkpointing: str = "none",
     init_weights: InitFn | None = None,
     seed: int = 0,
+    pretrained: Path | str | None = None,
+    pretrained_read: Read = "slices",
 ) -> nn.Module:
     """Move `model` to the rank's device and wrap it for `strategy` (single, ddp or fsdp).
 
     `model` may be a factory (`lambda: MyModel(cfg)`): built on the meta device, then given
     storage on the rank's device and initialised from `seed` (each module's reset_parameters(),
     or `init_weights(model)`), sharded on the way under FSDP (phalanx.train.meta_init).
+    `pretrained` (a torch.save file, .safetensors file or directory of them) replaces that
+    initialisation: each rank reads its own shards into storage for its shards only
+    (phalanx.checkpoint.pretrained). With `init_weights` too, keys the file lacks keep
+    init_weights' values. An instance is loaded before it is wrapped.
     """
     chosen = resolve_strategy(strategy, handle.env.world_size)
     fresh = is_factory(model)
     if fresh:
         model = build_on_meta(cast(ModelFactory, model))
+        if pretrained is not None:
+            init_weights = _pretrained_init(pretrained, init_weights, pretrained_read)
     elif init_weights is not None:
         raise UsageError(
             "init_weights initialises a model built by phalanx; pass model=lambda: MyModel(...) "
             "or initialise the instance yourself"
         )
+    elif pretrained is not None:
+        load_pretrained(cast(nn.Module, model), pretrained, read=pretrained_read)
     model = cast(nn.Module, model)
     checkpoint_units(model, fsdp_units, activation_checkpointing)
     if chosen == "fsdp":
@@ -109,6 +121,18 @@ def _materialize_whole(
             materialize(model, device)
         else:
             init_whole(model, device, init_weights)
+
+
+def _pretrained_init(path: Path | str, init_weights: InitFn | None, read: Read) -> InitFn:
+    """The file's weights, over init_weights' when both are given (then the file may lack
+    keys: a new head); called on the model once it has (sharded) storage."""
+
+    def init(model: nn.Module) -> None:
+        if init_weights is not None:
+            init_weights(model)
+        load_pretrained(model, path, read=read, strict=init_weights is None)
+
+    return init
 
 
 def _maybe_compile(model: nn.Module, compile: bool) -> nn.Module:
