@@ -88,8 +88,11 @@ def train(epoch):
         loss.backward()
         optimizer.step()
         if batch_idx % args.log_interval == 0 and hvd.rank() == 0:
-            print(f"Train Epoch: {epoch} [{batch_idx * len(data)}/{len(train_sampler)}]"
-                  f"\tLoss: {loss.item():.6f}", flush=True)
+            print(
+                f"Train Epoch: {epoch} [{batch_idx * len(data)}/{len(train_sampler)}]"
+                f"\tLoss: {loss.item():.6f}",
+                flush=True,
+            )
 
 
 def metric_average(val, name):
@@ -115,8 +118,9 @@ def test():
     test_loss = metric_average(test_loss / seen, "avg_loss")
     test_accuracy = metric_average(test_accuracy / seen, "avg_accuracy")
     if hvd.rank() == 0:
-        print(f"\nTest set: Average loss: {test_loss:.4f}, "
-              f"Accuracy: {100.0 * test_accuracy:.2f}%\n")
+        print(
+            f"\nTest set: Average loss: {test_loss:.4f}, Accuracy: {100.0 * test_accuracy:.2f}%\n"
+        )
     return test_loss, test_accuracy
 
 
@@ -133,14 +137,18 @@ if __name__ == "__main__":
 
     train_dataset = idx_dataset(args.data_dir, "train")
     train_sampler = torch.utils.data.distributed.DistributedSampler(
-        train_dataset, num_replicas=hvd.size(), rank=hvd.rank())
+        train_dataset, num_replicas=hvd.size(), rank=hvd.rank()
+    )
     train_loader = torch.utils.data.DataLoader(
-        train_dataset, batch_size=args.batch_size, sampler=train_sampler)
+        train_dataset, batch_size=args.batch_size, sampler=train_sampler
+    )
     test_dataset = idx_dataset(args.data_dir, "t10k")
     test_sampler = torch.utils.data.distributed.DistributedSampler(
-        test_dataset, num_replicas=hvd.size(), rank=hvd.rank())
+        test_dataset, num_replicas=hvd.size(), rank=hvd.rank()
+    )
     test_loader = torch.utils.data.DataLoader(
-        test_dataset, batch_size=args.test_batch_size, sampler=test_sampler)
+        test_dataset, batch_size=args.test_batch_size, sampler=test_sampler
+    )
 
     model = Net()
     lr_scaler = hvd.size() if not args.use_adasum else 1
@@ -153,9 +161,12 @@ if __name__ == "__main__":
 
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters(), compression=compression,
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=compression,
         op=hvd.Adasum if args.use_adasum else hvd.Average,
-        gradient_predivide_factor=args.gradient_predivide_factor)
+        gradient_predivide_factor=args.gradient_predivide_factor,
+    )
 
     for epoch in range(1, args.epochs + 1):
         train(epoch)

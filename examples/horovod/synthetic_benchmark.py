@@ -125,6 +125,8 @@ for x in range(args.num_iters):
 img_sec_mean = np.mean(img_secs)
 img_sec_conf = 1.96 * np.std(img_secs)
 log(f"Img/sec per {device}: {img_sec_mean:.1f} +-{img_sec_conf:.1f}")
-log(f"Total img/sec on {hvd.size()} {device}(s): {hvd.size() * img_sec_mean:.1f} "
-    f"+-{hvd.size() * img_sec_conf:.1f}")
+log(
+    f"Total img/sec on {hvd.size()} {device}(s): {hvd.size() * img_sec_mean:.1f} "
+    f"+-{hvd.size() * img_sec_conf:.1f}"
+)
 log(json.dumps({"img_per_s_total": float(hvd.size() * img_sec_mean), "ranks": hvd.size()}))

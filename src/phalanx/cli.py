@@ -89,14 +89,33 @@ def _add_info(sub: argparse._SubParsersAction[_Parser]) -> None:
 def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
     export = sub.add_parser(
         "export",
-        help="write a checkpoint's model weights as one state dict file for inference",
+        help="write a checkpoint's model weights for inference (torch file or safetensors)",
         description="Write the model weights of a checkpoint (a run, checkpoints or step-N "
         "directory; full or sharded) as one plain state dict, loadable with "
-        "torch.load(OUT, weights_only=True). A directory with several steps gives its newest "
-        "valid one. Sharded checkpoints unpickle DCP metadata: export trusted ones only.",
+        "torch.load(OUT, weights_only=True), or with --format safetensors as a Hugging Face "
+        "directory (shards + model.safetensors.index.json). A directory with several steps "
+        "gives its newest valid one. Sharded checkpoints unpickle DCP metadata: export "
+        "trusted ones only.",
     )
     export.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="checkpoint to read")
-    export.add_argument("out", metavar="OUT.pt", help="file to write (replaced atomically)")
+    export.add_argument(
+        "out", metavar="OUT", help="file (torch) or directory (safetensors) to write, replaced "
+        "atomically",
+    )  # fmt: skip
+    export.add_argument(
+        "--format", default="torch", choices=("torch", "safetensors"),
+        help="torch: one state dict file; safetensors: a Hugging Face directory, written "
+        "shard by shard (needs pip install 'phalanx[hf]')",
+    )  # fmt: skip
+    export.add_argument(
+        "--max-shard-size", default="5GB", metavar="SIZE",
+        help="safetensors: largest shard file, e.g. 5GB, 500MB (default 5GB)",
+    )  # fmt: skip
+    export.add_argument(
+        "--hf-config", default=None, metavar="DIR",
+        help="safetensors: copy config.json (and generation_config.json) from this Hugging "
+        "Face model directory, so OUT loads with from_pretrained",
+    )  # fmt: skip
 
 
 def _add_plot(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -205,8 +224,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from phalanx.checkpoint.export import export_weights
+    from phalanx.checkpoint.export_safetensors import parse_size
 
-    source, count = export_weights(Path(args.checkpoint_dir), Path(args.out))
+    source, count = export_weights(
+        Path(args.checkpoint_dir), Path(args.out), format=args.format,
+        max_shard_bytes=parse_size(args.max_shard_size),
+        hf_config=Path(args.hf_config) if args.hf_config else None,
+    )  # fmt: skip
     print(f"exported {count} tensors of {source} to {args.out}")
     return 0
 

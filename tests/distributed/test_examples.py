@@ -71,3 +71,16 @@ def test_char_gpt_smoke_run_learns(tmp_path: Path) -> None:
     # A uniform guess over the vocabulary costs ln(vocab_size) nats per character.
     assert math.isfinite(result["val_loss"]), result
     assert result["val_loss"] < math.log(result["vocab_size"]) - 0.5, result
+
+
+@pytest.mark.timeout(150)
+def test_finetune_causal_lm_loads_trains_exports_and_reloads_equal(tmp_path: Path) -> None:
+    need(importlib.util.find_spec("transformers") is not None, "transformers (pip install .[hf])")
+    root = tmp_path / "runs"
+    result = run_example("finetune_causal_lm.py", f"run.root={root}", timeout=120)
+    assert result["steps"] == 20 and result["world_size"] == 2
+    assert result["last_loss"] < result["first_loss"] - 0.3, result
+    # from_pretrained of the safetensors export equals the model gathered from the FSDP shards.
+    assert result["reloaded_equal"] is True and result["exported_tensors"] == 21
+    export = Path(result["export"])
+    assert (export / "config.json").is_file() and (export / "model.safetensors").is_file()

@@ -12,7 +12,7 @@ EXPECTED = {
         "--rdzv-id", "--max-restarts", "--rdzv-conf", "--no-slurm", "-m", "--module",
     },
     "info": {"-h", "--help", "--json", "--launcher", "--no-slurm"},
-    "export": {"-h", "--help"},
+    "export": {"-h", "--help", "--format", "--max-shard-size", "--hf-config"},
     "plot": {"-h", "--help", "-o", "--out"},
     "doctor": {"-h", "--help", "--json", "--run-root", "--bandwidth", "-n", "--nproc-per-node",
                "--sizes-mb", "--iters"},

@@ -82,10 +82,25 @@ class Rope(nn.Module):
         self.register_buffer("table", torch.arange(4.0), persistent=False)
 
 
-def test_state_without_reset_parameters_is_refused_with_the_fix() -> None:
+class Scale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(2))
+
+
+def test_buffers_keep_their_constructor_values_and_parameters_get_storage() -> None:
     model = build_on_meta(lambda: nn.Sequential(nn.Linear(2, 2), Rope()))
-    message = r"\['1 \(Rope\)'\] own parameters or buffers but have no reset_parameters\(\)"
-    with pytest.raises(UsageError, match=message + ".*or pass init_weights"):
+    assert model[0].weight.is_meta and torch.equal(model[1].table, torch.arange(4.0))
+    check_resettable(model)  # a buffer needs no reset_parameters(): it has its value
+    with seeded(0, CPU):
+        materialize(model, CPU)
+    assert not model[0].weight.is_meta and torch.equal(model[1].table, torch.arange(4.0))
+
+
+def test_parameters_without_reset_parameters_are_refused_with_the_fix() -> None:
+    model = build_on_meta(lambda: nn.Sequential(nn.Linear(2, 2), Scale()))
+    message = r"\['1 \(Scale\)'\] own parameters but have no reset_parameters\(\)"
+    with pytest.raises(UsageError, match=message + ".*init_weights=fn\\(model\\) or pretrained"):
         check_resettable(model)
 
 

@@ -6,8 +6,10 @@ Accepted inputs, tried in this order:
 - a step directory with `sharded/` or a bare DCP directory (save_sharded, any world size).
 A step directory with a meta.json is verified against its checksums first.
 
-The output is a plain state dict of tensors (parameter names without wrapper prefixes), written
-atomically, loadable with `torch.load(path, weights_only=True)` and `model.load_state_dict`.
+The output (`format="torch"`) is a plain state dict of tensors (parameter names without wrapper
+prefixes), written atomically, loadable with `torch.load(path, weights_only=True)` and
+`model.load_state_dict`; or (`format="safetensors"`) a directory in the Hugging Face layout,
+written shard by shard (phalanx.checkpoint.export_safetensors).
 The optimizer state is not exported (it is not needed for inference, and is 2x the weights for
 Adam). Reading a sharded checkpoint unpickles DCP's `.metadata`: export trusted checkpoints only.
 """
@@ -35,14 +37,59 @@ _MODEL_PREFIX = "model."
 _STEP_DIR = re.compile(r"step-(0|[1-9]\d*)")
 
 
-def export_weights(checkpoint: Path, out: Path) -> tuple[Path, int]:
+def export_weights(
+    checkpoint: Path,
+    out: Path,
+    *,
+    format: str = "torch",
+    max_shard_bytes: int = 5 * 10**9,
+    hf_config: Path | None = None,
+) -> tuple[Path, int]:
     """Write the model weights of `checkpoint` to `out`; returns the step directory used and
     the number of tensors written."""
-    _check_out(Path(out))  # before reading what may be gigabytes
+    if format not in ("torch", "safetensors"):
+        raise UsageError(f"export format {format!r} is not one of: torch, safetensors")
+    if format == "torch":
+        _check_out(Path(out))  # before reading what may be gigabytes
+        source = _locate(Path(checkpoint))
+        weights = _read_weights(source)
+        _write(weights, Path(out))
+        return source, len(weights)
+    from phalanx.checkpoint.export_safetensors import check_out_dir, write_safetensors
+
+    check_out_dir(Path(out), hf_config)
     source = _locate(Path(checkpoint))
-    weights = _read_weights(source)
-    _write(weights, Path(out))
-    return source, len(weights)
+    count = write_safetensors(
+        CheckpointWeights(source), Path(out), max_shard_bytes=max_shard_bytes, hf_config=hf_config
+    )
+    return source, count
+
+
+class CheckpointWeights:
+    """The model tensors of a step directory, read a few at a time: a sharded checkpoint through
+    DCP for just those keys, a model.pt through mmap."""
+
+    def __init__(self, source: Path) -> None:
+        self.entries: dict[str, tuple[torch.Size, torch.dtype]]
+        self._model_pt: dict[str, torch.Tensor] | None = None
+        if (source / MODEL_FILE).is_file():
+            self._model_pt = _read_model_pt(source / MODEL_FILE, mmap=True)
+            self.entries = {k: (t.shape, t.dtype) for k, t in self._model_pt.items()}
+            return
+        sharded = find_sharded(source)
+        assert sharded is not None, "_locate returns checkpoints with model.pt or sharded/"
+        self._sharded = sharded
+        self.entries = {
+            key[len(_MODEL_PREFIX) :]: (size, dtype)
+            for key, (size, dtype) in _sharded_entries(sharded).items()
+        }
+
+    def read(self, names: list[str]) -> dict[str, torch.Tensor]:
+        if self._model_pt is not None:
+            return {name: self._model_pt[name] for name in names}
+        keys = [_MODEL_PREFIX + name for name in names]
+        loaded = _load_sharded(self._sharded, _sharded_entries(self._sharded), keys)
+        return {name: loaded[key] for name, key in zip(names, keys, strict=True)}
 
 
 def _locate(path: Path) -> Path:
@@ -94,8 +141,8 @@ def _read_weights(source: Path) -> dict[str, torch.Tensor]:
     return _read_sharded(sharded)
 
 
-def _read_model_pt(path: Path) -> dict[str, torch.Tensor]:
-    loaded = torch.load(path, weights_only=True, map_location="cpu")
+def _read_model_pt(path: Path, *, mmap: bool = False) -> dict[str, torch.Tensor]:
+    loaded = torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
     if not isinstance(loaded, dict) or not all(
         isinstance(v, torch.Tensor) for v in loaded.values()
     ):
@@ -109,29 +156,42 @@ def _read_sharded(path: Path) -> dict[str, torch.Tensor]:
     The template is built from DCP's metadata, so the model class is not needed and the
     optimizer entries are never read. (DCP's `dcp_to_torch_save` would read those too.)
     """
-    reader = FileSystemReader(path)
+    entries = _sharded_entries(path)
+    loaded = _load_sharded(path, entries, list(entries))
+    return {key[len(_MODEL_PREFIX) :]: tensor for key, tensor in loaded.items()}
+
+
+def _sharded_entries(path: Path) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """Shape and dtype of every `model.*` tensor in DCP's metadata."""
     try:
-        entries = reader.read_metadata().state_dict_metadata
+        entries = FileSystemReader(path).read_metadata().state_dict_metadata
     except Exception as error:
         raise UsageError(f"cannot read DCP metadata in '{path}' ({error})") from error
-    template = {
-        key: torch.empty(entry.size, dtype=entry.properties.dtype)
+    found = {
+        key: (entry.size, entry.properties.dtype)
         for key, entry in entries.items()
         if key.startswith(_MODEL_PREFIX) and isinstance(entry, TensorStorageMetadata)
     }
-    if not template:
+    if not found:
         raise UsageError(
             f"sharded checkpoint '{path}' holds no model tensors (no '{_MODEL_PREFIX}*' keys); "
             "was it written by phalanx.checkpoint.sharded.save_sharded?"
         )
+    return found
+
+
+def _load_sharded(
+    path: Path, entries: dict[str, tuple[torch.Size, torch.dtype]], keys: list[str]
+) -> dict[str, torch.Tensor]:
+    template = {key: torch.empty(entries[key][0], dtype=entries[key][1]) for key in keys}
     try:
         with warnings.catch_warnings():
             # Reading in one process without a process group is the point here; DCP warns.
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp_load(template, storage_reader=reader, no_dist=True)
+            dcp_load(template, storage_reader=FileSystemReader(path), no_dist=True)
     except (CheckpointException, RuntimeError, OSError) as error:
         raise UsageError(f"cannot read sharded checkpoint '{path}' ({error})") from error
-    return {key[len(_MODEL_PREFIX) :]: tensor for key, tensor in template.items()}
+    return template
 
 
 def _check_out(out: Path) -> None:

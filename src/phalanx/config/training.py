@@ -71,6 +71,13 @@ class TrainConfig:
     hsdp_shard_size: int = 0
     """HSDP: ranks per shard group (consecutive ranks: one node's); parameters are sharded within
     a group and replicated across groups. 0: the ranks of one node (local_world_size)."""
+    init_from: str = ""
+    """Pretrained weights to start from: a torch.save state dict, a .safetensors file or a
+    directory of them (Hugging Face layout); each rank reads only its own shards. Empty: the
+    model's own initialisation. A resumed checkpoint takes precedence."""
+    init_from_read: Literal["slices", "broadcast"] = "slices"
+    """How train.init_from is read: slices (each rank reads its shards) or broadcast (rank 0
+    reads each tensor and broadcasts it: one reader for a strained file system)."""
     nan_policy: NanPolicy = "stop"
     """Non-finite loss or gradient on any rank: skip the step, stop with a message, or count."""
     log_every: int = 50
@@ -97,6 +104,7 @@ class TrainConfig:
         check_choice("train.strategy", self.strategy, STRATEGIES)
         check_choice("train.nan_policy", self.nan_policy, ("skip", "stop", "count"))
         check_choice("train.lr_scaling", self.lr_scaling, ("none", "linear"))
+        check_choice("train.init_from_read", self.init_from_read, ("slices", "broadcast"))
         checkpoint_every(self.activation_checkpointing)
         if self.strategy in SHARDED_STRATEGIES and self.precision == "fp16":
             raise UsageError(

@@ -1,18 +1,21 @@
 """Models built from a factory on the meta device, then materialised on the rank's device.
 
-A factory (`lambda: MyModel(cfg)`) is called under `torch.device("meta")`: parameters and
-buffers get shapes but no storage, so no rank ever holds the whole model in host memory. Storage
-comes module by module (`to_empty`), and values from one of two initialisers:
+A factory (`lambda: MyModel(cfg)`) is called with every parameter put on the meta device as it
+is registered: parameters get shapes but no storage, so no rank ever holds the whole model in host
+memory. Buffers stay real and keep the values the constructor gave them (a RoPE table such as
+Hugging Face's `inv_freq` is computed in `__init__` and has no reset_parameters(); buffers are
+small). Parameters get storage module by module, and values from one of three initialisers:
 
 - Each module's own `reset_parameters()` (the default). Modules are visited in `model.modules()`
   order (parents before children, children in registration order) with one generator seeded
   with `train.seed` on every rank, so the result is the model that `torch.manual_seed(seed);
   factory()` builds on the same device, whatever the world size and strategy. A module that owns
-  parameters or buffers itself but has no `reset_parameters()` (a RoPE table, a bare
-  nn.Parameter) would keep garbage: refused, naming it.
+  parameters itself but has no `reset_parameters()` (a bare nn.Parameter) would keep garbage:
+  refused, naming it.
 - A user `init_weights(model)`, called once on the whole materialised model (sharded under FSDP:
   DTensors, each rank initialising its own shards; see docs/training.md for what that means for
   the world size).
+- Pretrained weights (phalanx.checkpoint.pretrained), read into the model's (sharded) storage.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ def is_factory(model: object) -> bool:
 
 
 def build_on_meta(factory: ModelFactory) -> nn.Module:
-    """Call `factory` with meta as the default device; refuse what cannot be materialised."""
-    with torch.device("meta"):
+    """Call `factory` with its parameters on the meta device (buffers real); refuse what cannot
+    be materialised."""
+    with _parameters_on_meta():
         model = factory()
     if not isinstance(model, nn.Module):
         raise UsageError(
@@ -44,6 +48,38 @@ def build_on_meta(factory: ModelFactory) -> nn.Module:
             "model=lambda: MyModel(...) or an nn.Module"
         )
     return model
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Move each nn.Parameter to meta as it is registered. Only parameters: a default device of
+    meta would also leave buffers computed in `__init__` without values. The CPU tensor a layer
+    creates first comes from torch.empty and is never written (reset_parameters() in the
+    constructor already sees the meta copy), so its pages are never touched."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if type(param) is nn.Parameter and not param.is_meta:
+            module._parameters[name] = nn.Parameter(
+                param.to("meta"), requires_grad=param.requires_grad
+            )
+
+    # Patched on the class for the duration of the call: the factory runs on this thread, and
+    # no other thread of a rank builds modules.
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def give_storage(module: nn.Module, device: torch.device, *, recurse: bool = True) -> None:
+    """`to_empty` for the meta tensors only: real buffers move to `device` with their values."""
+    module._apply(  # type: ignore[no-untyped-call]
+        lambda t: torch.empty_like(t, device=device) if t.is_meta else t.to(device),
+        recurse=recurse,
+    )
 
 
 def find_ties(model: nn.Module) -> list[list[str]]:
@@ -80,19 +116,19 @@ def retie(model: nn.Module, names: list[str]) -> None:
 
 
 def check_resettable(model: nn.Module) -> None:
-    """Every module owning a parameter or buffer directly must have reset_parameters()."""
+    """Every module owning a parameter directly must have reset_parameters() (buffers keep
+    their constructor values)."""
     missing = [
         f"{name or '<root>'} ({type(module).__name__})"
         for name, module in model.named_modules()
         if not callable(getattr(module, "reset_parameters", None))
-        and (any(True for _ in module.parameters(recurse=False))
-             or any(True for _ in module.buffers(recurse=False)))
+        and any(True for _ in module.parameters(recurse=False))
     ]  # fmt: skip
     if missing:
         raise UsageError(
-            f"modules {missing[:5]} own parameters or buffers but have no reset_parameters(), "
-            "so a model factory cannot initialise them; define reset_parameters() on them "
-            "(recompute tables such as RoPE there) or pass init_weights=fn(model)"
+            f"modules {missing[:5]} own parameters but have no reset_parameters(), so a model "
+            "factory cannot initialise them; define reset_parameters() on them, pass "
+            "init_weights=fn(model) or pretrained weights"
         )
 
 
@@ -130,7 +166,7 @@ def materialize(
 def _materialize(
     module: nn.Module, device: torch.device, after: Callable[[nn.Module], None]
 ) -> None:
-    module.to_empty(device=device, recurse=False)
+    give_storage(module, device, recurse=False)
     reset = getattr(module, "reset_parameters", None)
     if callable(reset):
         with torch.no_grad():
@@ -144,7 +180,7 @@ def init_whole(model: nn.Module, device: torch.device, init_weights: InitFn) -> 
     """Storage for the whole (possibly sharded) model, tied parameters tied again, then the
     user's initialiser on it."""
     ties = find_ties(model)
-    model.to_empty(device=device)
+    give_storage(model, device)
     for names in ties:
         retie(model, names)
     with torch.no_grad():

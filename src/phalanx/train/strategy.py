@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -19,6 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from phalanx.checkpoint.checkpointer import module_state_dict
+from phalanx.checkpoint.pretrained import Read, load_pretrained
 from phalanx.config.training import SHARDED_STRATEGIES
 from phalanx.dist.process_group import Dist
 from phalanx.errors import UsageError
@@ -86,6 +88,8 @@ def wrap_model(
     init_weights: InitFn | None = None,
     seed: int = 0,
     hsdp_shard_size: int = 0,
+    pretrained: Path | str | None = None,
+    pretrained_read: Read = "slices",
 ) -> nn.Module:
     """Move `model` to the rank's device and wrap it for `strategy` (single, ddp, fsdp or hsdp:
     sharded within groups of `hsdp_shard_size` ranks, 0: a node's, replicated across them).
@@ -93,34 +97,29 @@ def wrap_model(
     `model` may be a factory (`lambda: MyModel(cfg)`): built on the meta device, then given
     storage on the rank's device and initialised from `seed` (each module's reset_parameters(),
     or `init_weights(model)`), sharded on the way under FSDP (phalanx.train.meta_init).
+    `pretrained` (a torch.save file, .safetensors file or directory of them) replaces that
+    initialisation: each rank reads its own shards into storage for its shards only
+    (phalanx.checkpoint.pretrained). With `init_weights` too, keys the file lacks keep
+    init_weights' values. An instance is loaded before it is wrapped.
     """
     chosen = resolve_strategy(strategy, handle.env.world_size)
     fresh = is_factory(model)
-    if fresh:
-        model = build_on_meta(cast(ModelFactory, model))
-    elif init_weights is not None:
-        raise UsageError(
-            "init_weights initialises a model built by phalanx; pass model=lambda: MyModel(...) "
-            "or initialise the instance yourself"
-        )
-    model = cast(nn.Module, model)
+    model, init_weights = _built(model, init_weights, pretrained, pretrained_read)
     checkpoint_units(model, fsdp_units, activation_checkpointing)
     if chosen in SHARDED_STRATEGIES:
         mesh = hsdp_mesh(handle.env, hsdp_shard_size, handle.device) if chosen == "hsdp" else None
         if compile:  # per unit, before sharding (phalanx.train.compiling)
             compile_units(model, fsdp_units)
         if fresh:
-            sharded = shard_new_model(
+            return shard_new_model(
                 model, device=handle.device, unit_names=fsdp_units, precision=precision,
                 reshard=fsdp_reshard, init_weights=init_weights, seed=seed, rank=handle.env.rank,
                 mesh=mesh,
             )  # fmt: skip
-        else:
-            sharded = shard_model(
-                model.to(handle.device), unit_names=fsdp_units, precision=precision,
-                reshard=fsdp_reshard, mesh=mesh,
-            )  # fmt: skip
-        return sharded
+        return shard_model(
+            model.to(handle.device), unit_names=fsdp_units, precision=precision,
+            reshard=fsdp_reshard, mesh=mesh,
+        )  # fmt: skip
     if fresh:
         _materialize_whole(model, handle.device, init_weights, seed)
     model = model.to(handle.device)
@@ -128,13 +127,34 @@ def wrap_model(
     if chosen == "ddp":
         device_ids = [handle.device.index] if handle.device.type == "cuda" else None
         wrapped = DistributedDataParallel(
-            model,
-            device_ids=device_ids,
-            gradient_as_bucket_view=True,
-            static_graph=static_graph,
-            bucket_cap_mb=bucket_mb,
-        )
+            model, device_ids=device_ids, gradient_as_bucket_view=True,
+            static_graph=static_graph, bucket_cap_mb=bucket_mb,
+        )  # fmt: skip
     return _maybe_compile(wrapped, compile)
+
+
+def _built(
+    model: nn.Module | ModelFactory,
+    init_weights: InitFn | None,
+    pretrained: Path | str | None,
+    read: Read,
+) -> tuple[nn.Module, InitFn | None]:
+    """A factory's model on meta, with the initialiser its storage will get (pretrained weights
+    included); an instance as it is, pretrained weights already loaded."""
+    if is_factory(model):
+        built = build_on_meta(cast(ModelFactory, model))
+        if pretrained is not None:
+            init_weights = _pretrained_init(pretrained, init_weights, read)
+        return built, init_weights
+    if init_weights is not None:
+        raise UsageError(
+            "init_weights initialises a model built by phalanx; pass model=lambda: MyModel(...) "
+            "or initialise the instance yourself"
+        )
+    model = cast(nn.Module, model)
+    if pretrained is not None:
+        load_pretrained(model, pretrained, read=read)
+    return model, None
 
 
 def _materialize_whole(
@@ -148,6 +168,18 @@ def _materialize_whole(
             materialize(model, device)
         else:
             init_whole(model, device, init_weights)
+
+
+def _pretrained_init(path: Path | str, init_weights: InitFn | None, read: Read) -> InitFn:
+    """The file's weights, over init_weights' when both are given (then the file may lack
+    keys: a new head); called on the model once it has (sharded) storage."""
+
+    def init(model: nn.Module) -> None:
+        if init_weights is not None:
+            init_weights(model)
+        load_pretrained(model, path, read=read, strict=init_weights is None)
+
+    return init
 
 
 def _maybe_compile(model: nn.Module, compile: bool) -> nn.Module:

@@ -47,9 +47,10 @@ class Trainer:
     """Train `model` on `train_data` with `train_step(model, batch) -> loss | {'loss': ...}`.
 
     `model` is an nn.Module or a factory `() -> nn.Module`, built on the meta device and
-    initialised from train.seed by reset_parameters() or `init_weights(model)` (docs/training.md,
-    "Large models"). `optimizer` is an Optimizer or a factory `params -> Optimizer`; `scheduler`
-    an LRScheduler or `optimizer -> LRScheduler` (stepped once per optimizer step).
+    initialised from train.seed by reset_parameters() or `init_weights(model)`, or from the
+    pretrained weights of train.init_from (docs/training.md, "Large models"). `optimizer` is an
+    Optimizer or a factory `params -> Optimizer`; `scheduler` an LRScheduler or
+    `optimizer -> LRScheduler` (stepped once per optimizer step).
     `eval_step(model, batch)` returns per-sample tensors, averaged over the whole eval set.
     """
 
@@ -106,6 +107,8 @@ class Trainer:
             init_weights=init_weights,
             seed=train.seed,
             hsdp_shard_size=train.hsdp_shard_size,
+            pretrained=train.init_from or None,
+            pretrained_read=train.init_from_read,
         )
         self.optimizer = build_optimizer(optimizer, self.model, train, self.env.world_size)
         self.scheduler = build_scheduler(scheduler, self.optimizer, train)
@@ -310,13 +313,10 @@ class Trainer:
         self._beat("eval")
         data = self.config.data
         loader = make_eval_loader(
-            self.eval_data,
-            env=self.env,
-            batch_size=data.eval_batch_size or data.batch_size,
-            collate_fn=self.collate_fn,
+            self.eval_data, env=self.env, batch_size=data.eval_batch_size or data.batch_size,
+            collate_fn=self.collate_fn, worker_start=data.worker_start,
             num_workers=None if data.num_workers < 0 else data.num_workers,
-            worker_start=data.worker_start,
-        )
+        )  # fmt: skip
         lockstep = lockstep_steps(self.model, loader, self.env.world_size)
         with self.throughput.paused():
             values = evaluate(

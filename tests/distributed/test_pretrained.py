@@ -1,0 +1,68 @@
+"""Pretrained weights in, trained weights out, on real gloo ranks: safetensors (file and Hugging
+Face sharded directory) and torch.save files into FSDP shards, bitwise; export to safetensors
+and back; a transformers Llama fine-tuned with FSDP reloads with from_pretrained; host memory
+of each rank while a model 4x its share is loaded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.procs import VENV_BIN, run
+
+WORKER = str(Path(__file__).parents[1] / "support" / "pretrained_worker.py")
+pytestmark = pytest.mark.dist
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+
+def scenario(out: Path, name: str, ranks: int, *args: str) -> dict[str, Any]:
+    cmd = [str(VENV_BIN / "phalanx"), "run", "-n", str(ranks), WORKER, name, str(out), *args]
+    result = run(cmd, timeout=100)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((out / f"{name}.json").read_text())  # type: ignore[no-any-return]
+
+
+@pytest.mark.timeout(150)
+def test_every_format_loads_into_shards_bitwise_and_exports_round_trip(tmp_path: Path) -> None:
+    result = scenario(tmp_path, "roundtrip", 2)
+    # safetensors file, HF directory with index, torch.save file; each rank reading its rows
+    # (17 rows over 2 ranks: uneven shards) or rank 0 broadcasting; FSDP, DDP, an instance;
+    # then 3 FSDP steps from the HF directory, exported (one file; 700-byte shards) and back.
+    assert result["loads"] == dict.fromkeys(result["loads"], True) and len(result["loads"]) == 10
+    assert result["sharded_files"][-1] == "model.safetensors.index.json"
+    assert len(result["sharded_files"]) > 3
+
+
+@pytest.mark.timeout(150)
+def test_hf_llama_fine_tuned_with_fsdp_reloads_with_from_pretrained(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    result = scenario(tmp_path, "hf", 2)
+    assert result["loaded"]  # save_pretrained's shards into the FSDP factory model, bitwise
+    assert len(result["losses"]) == 3 and result["losses"][-1] < result["losses"][0]
+    assert result["reloaded_equal"]  # AutoModelForCausalLM.from_pretrained == gathered state
+    assert "config.json" in result["files"] and "model.safetensors.index.json" in result["files"]
+
+
+@pytest.mark.timeout(120)
+def test_each_rank_holds_about_its_share_while_loading(tmp_path: Path) -> None:
+    import torch
+
+    layers, width = 16, 2048  # 256 MiB of fp32 weights, 64 MiB per rank of 4
+    (tmp_path / "shape.txt").write_text(f"{layers} {width}")
+    gen = torch.Generator().manual_seed(0)
+    weights = {f"layers.{i}.weight": torch.randn(width, width, generator=gen) for i in range(16)}
+    safetensors_torch.save_file(weights, str(tmp_path / "w.safetensors"))
+    total = sum(t.numel() * 4 for t in weights.values()) / 2**20
+    del weights
+    result = scenario(tmp_path, "memory", 4, str(tmp_path / "w.safetensors"))
+    assert result["slices"]["checksum"] == pytest.approx(result["broadcast"]["checksum"])
+    # Peak RSS growth per rank (VmHWM after the load, reset before it): its shards (64 MiB)
+    # plus the file pages of its rows that safetensors maps, ~150 MiB measured: well below
+    # the whole model, which an instance would need on every rank.
+    assert max(result["slices"]["peak_mb"]) < 0.75 * total, result
+    # Broadcast: ranks other than 0 hold their shards and one whole tensor (16 MiB) at a time;
+    # rank 0 maps the whole file while it reads (page cache, counted in its RSS).
+    assert max(result["broadcast"]["peak_mb"][1:]) < 0.6 * total, result
