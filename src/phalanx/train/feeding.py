@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import Dataset, IterableDataset
 
 from phalanx.config.training import TrainerConfig
 from phalanx.data.loader import make_iterable_loader, make_train_loader
@@ -15,7 +15,7 @@ from phalanx.env import ClusterEnv
 
 
 def train_loader(
-    dataset: Any, *, config: TrainerConfig, env: ClusterEnv, device: torch.device,
+    dataset: Dataset[Any], *, config: TrainerConfig, env: ClusterEnv, device: torch.device,
     collate_fn: Callable[[list[Any]], Any] | None, start: tuple[int, int],
 ) -> Any:  # fmt: skip
     """A loader that continues at `start` = (epoch, global sample index)."""

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TypeAlias, cast
 
 import torch
 from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 
 from phalanx.config.training import SHARDED_STRATEGIES, TrainConfig
 from phalanx.errors import UsageError
 
+OptimizerArg: TypeAlias = Optimizer | Callable[[Iterator[nn.Parameter]], Optimizer]
+"""An optimizer, or a factory over the wrapped model's parameters (required for FSDP/HSDP, whose
+parameters are replaced by shards after the model is given)."""
+SchedulerArg: TypeAlias = LRScheduler | Callable[[Optimizer], LRScheduler]
+"""A learning-rate scheduler, or a factory over the optimizer the Trainer built."""
+
 
 def build_optimizer(
-    optimizer: Any, model: nn.Module, train: TrainConfig, world_size: int
-) -> torch.optim.Optimizer:
+    optimizer: OptimizerArg, model: nn.Module, train: TrainConfig, world_size: int
+) -> Optimizer:
     """An Optimizer (as given, or from a factory over the wrapped model's parameters)."""
     if isinstance(optimizer, torch.optim.Optimizer) and train.strategy in SHARDED_STRATEGIES:
         raise UsageError(
@@ -34,24 +43,30 @@ def build_optimizer(
     return optimizer
 
 
-def build_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer, train: TrainConfig) -> Any:
+def build_scheduler(
+    scheduler: SchedulerArg | None, optimizer: Optimizer, train: TrainConfig
+) -> LRScheduler | None:
     """The user's scheduler (instance or factory), with linear warm-up in front if asked for."""
+    user: LRScheduler | None = None
+    # Duck-typed on `step` rather than isinstance: schedulers outside torch's class tree work too.
     if scheduler is not None and not callable(getattr(scheduler, "step", None)):
         if not callable(scheduler):
             raise UsageError("scheduler must be an LRScheduler or a factory(optimizer)")
-        scheduler = scheduler(optimizer)
-    elif scheduler is not None and train.lr_scaling == "linear":
-        raise UsageError(
-            "train.lr_scaling=linear changes learning rates after your scheduler captured them; "
-            "pass the scheduler as a factory: scheduler=lambda opt: ..."
-        )
+        user = scheduler(optimizer)
+    elif scheduler is not None:
+        if train.lr_scaling == "linear":
+            raise UsageError(
+                "train.lr_scaling=linear changes learning rates after your scheduler captured "
+                "them; pass the scheduler as a factory: scheduler=lambda opt: ..."
+            )
+        user = cast(LRScheduler, scheduler)
     if not train.warmup_steps:
-        return scheduler
+        return user
     warm = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / train.warmup_steps)
     )
-    if scheduler is None:
+    if user is None:
         return warm
     return torch.optim.lr_scheduler.SequentialLR(
-        optimizer, [warm, scheduler], milestones=[train.warmup_steps]
+        optimizer, [warm, user], milestones=[train.warmup_steps]
     )

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from phalanx.errors import UsageError
 from phalanx.train.fsdp import full_norm, is_sharded
@@ -73,7 +74,7 @@ class StepParts:
     guard: NanGuard
     metrics: Metrics
     clip_grad_norm: float
-    scheduler: Any = None
+    scheduler: LRScheduler | None = None
     fsdp_reduce_every_micro_batch: bool = False
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from phalanx.checkpoint.checkpointer import Checkpointer
 from phalanx.checkpoint.position import TrainState
@@ -32,7 +33,7 @@ from phalanx.train.feeding import steps_per_epoch, train_loader
 from phalanx.train.guard import NanGuard, NonFiniteError
 from phalanx.train.meta_init import InitFn, ModelFactory
 from phalanx.train.metrics import Metrics
-from phalanx.train.optim import build_optimizer, build_scheduler
+from phalanx.train.optim import OptimizerArg, SchedulerArg, build_optimizer, build_scheduler
 from phalanx.train.precision import Precision
 from phalanx.train.progress import Throughput, peak_flops, progress_line
 from phalanx.train.step import StepFn, StepParts, optimizer_step, sync_debug, to_device
@@ -50,7 +51,9 @@ class Trainer:
     initialised from train.seed by reset_parameters() or `init_weights(model)`, or from the
     pretrained weights of train.init_from (docs/training.md, "Large models"). `optimizer` is an
     Optimizer or a factory `params -> Optimizer`; `scheduler` an LRScheduler or
-    `optimizer -> LRScheduler` (stepped once per optimizer step).
+    `optimizer -> LRScheduler` (stepped once per optimizer step). `train_data` and `eval_data`
+    are map-style Datasets (the position resumes at the sample) or IterableDatasets (sharded
+    per rank and worker, see phalanx.ShardedIterable).
     `eval_step(model, batch)` returns per-sample tensors, averaged over the whole eval set.
     """
 
@@ -59,13 +62,13 @@ class Trainer:
         handle: Dist,
         *,
         model: nn.Module | ModelFactory,
-        optimizer: Any,
-        train_data: Any,
+        optimizer: OptimizerArg,
+        train_data: Dataset[Any],
         train_step: StepFn,
         config: TrainerConfig | None = None,
-        eval_data: Any = None,
+        eval_data: Dataset[Any] | None = None,
         eval_step: EvalFn | None = None,
-        scheduler: Any = None,
+        scheduler: SchedulerArg | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         callbacks: Sequence[Callback[Any]] = (),
         flops_per_sample: float | None = None,
@@ -87,7 +90,8 @@ class Trainer:
         self._build_bookkeeping(flops_per_sample, tokens_per_sample)
 
     def _build_training(
-        self, model: nn.Module | ModelFactory, optimizer: Any, scheduler: Any,
+        self, model: nn.Module | ModelFactory, optimizer: OptimizerArg,
+        scheduler: SchedulerArg | None,
         train_step: StepFn, init_weights: InitFn | None,
     ) -> None:  # fmt: skip
         """Seeds, the wrapped model, optimizer, schedule, precision, guard: what a step needs."""
