@@ -186,7 +186,7 @@ ASYNC_WRITERS = ("process", "thread")
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
-    """Checkpoints in <run dir>/checkpoints/step-N (see docs/checkpoints.md)."""
+    """Checkpoints in `<run dir>/checkpoints/step-N` (see docs/checkpoints.md)."""
 
     every_steps: int = 0
     """Save every N optimizer steps; 0: only at the end of training."""
@@ -208,7 +208,7 @@ class CheckpointConfig:
     node's RAM cannot hold that copy, saves stay synchronous, with a warning."""
     async_writer: str = "process"
     """Who writes async saves: process (DCP's writer process per rank: no competition with
-    training for the GIL; the script must guard its training with if __name__ == "__main__";
+    training for the GIL; the script must guard its training with `if __name__ == "__main__"`;
     the copy lives in /dev/shm, and where that is too small the thread writer is used, with a
     warning) or thread (a thread of the training process)."""
     on_signal: bool = True
@@ -267,7 +267,7 @@ class TrackConfig:
     wandb_mode: str = ""
     """wandb mode: online, offline or disabled (empty: wandb's own default, e.g. WANDB_MODE)."""
     mlflow_uri: str = ""
-    """MLflow tracking URI (empty: the file store <run dir>/mlruns; or http://server:5000)."""
+    """MLflow tracking URI (empty: the file store `<run dir>/mlruns`; or http://server:5000)."""
     plots: bool = True
     """Write plots/*.png at the end of training (needs matplotlib)."""
 
