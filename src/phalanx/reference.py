@@ -24,8 +24,10 @@ _WIDTH = 96
 
 
 def _cell(text: object) -> str:
-    # Config docs write placeholders as <root>; unescaped, Markdown would take them for HTML.
-    return str(text).replace("|", "\\|").replace("<", "&lt;").replace("\n", " ")
+    # Config docs write placeholders as <root>; unescaped, Markdown would take them for HTML
+    # (inside a `code span` it shows them as written, so those parts stay as they are).
+    parts = str(text).replace("|", "\\|").replace("\n", " ").split("`")
+    return "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts))
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, Any]]:
