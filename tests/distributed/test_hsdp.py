@@ -50,7 +50,7 @@ def test_hsdp_2x2_trains_like_ddp(tmp_path: Path) -> None:
         assert max_diff(ddp["eval"], hsdp["eval"]) < 1e-5, name
     # bf16: parameters all-gathered in bf16, gradients reduced in fp32, the sharded weights
     # the optimizer steps stay fp32. Measured against fp32 DDP: losses within 8e-3 (relative
-    # 2.6e-3), gradient norms 1.1e-2, weights 2e-3; differing at all shows bf16 was used.
+    # 2.8e-3), gradient norms 1.1e-2, weights 2e-3; differing at all shows bf16 was used.
     bf16 = r["hsdp_bf16"]
     assert bf16["placements"] == ["R", "S(0)"] and bf16["dtype"] == "torch.float32"
     assert bf16["losses"] == pytest.approx(ddp["losses"], rel=1e-2)
