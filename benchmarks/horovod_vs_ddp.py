@@ -209,7 +209,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="torchvision model, or 'small'")
     parser.add_argument("--batch-size", type=int, default=32, help="images per rank and step")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps (a logging point)")
-    parser.add_argument("--steps", type=int, default=50, help="timed steps, a multiple of warmup")
+    parser.add_argument("--steps", type=int, default=100, help="timed steps, a multiple of warmup")
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each side")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU run: 1 rep, small CNN")
     parser.add_argument("--out", default="", help="JSON path (default benchmarks/results/...)")
