@@ -13,12 +13,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._dynamo.utils import counters
 from torch.distributed.tensor import DTensor
 from torch.utils.data import TensorDataset
 
 import phalanx
 from phalanx.config import load
 from phalanx.train import model_state_dict, unwrap, wrap_model
+from phalanx.train.compiling import is_compiled
 
 DIM, WIDTH = 6, 16
 
@@ -70,6 +72,7 @@ def config(*overrides: str) -> phalanx.TrainerConfig:
 
 
 def train(d: phalanx.Dist, model: Any, *overrides: str) -> dict[str, Any]:
+    counters.clear()
     trainer = phalanx.Trainer(
         d, config=config(*overrides), model=model, train_data=data(), train_step=mse_step,
         optimizer=lambda p: torch.optim.AdamW(p, lr=0.01), eval_data=data(30),
@@ -84,6 +87,9 @@ def train(d: phalanx.Dist, model: Any, *overrides: str) -> dict[str, Any]:
         "eval": [h["eval/sq_err"] for h in history if "eval/sq_err" in h],
         "params": [v for k in sorted(state) for v in state[k].flatten().tolist()],
         "placements": [str(p) for p in param.placements] if isinstance(param, DTensor) else [],
+        "dtype": str(param.dtype),
+        "compiled": [is_compiled(block) for block in unwrap(trainer.model).blocks],
+        "graphs": counters["stats"]["unique_graphs"],
     }
 
 
@@ -107,6 +113,8 @@ def scenario_parity(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
         "hsdp": train(d, eager(), *hsdp),
         "hsdp_factory": train(d, Blocks, *hsdp),  # meta device, reset_parameters from seed 0
         "hsdp_every": train(d, eager(), *hsdp, "train.fsdp_reduce_every_micro_batch=true"),
+        "hsdp_compile": train(d, eager(), *hsdp, "train.compile=true"),
+        "hsdp_bf16": train(d, eager(), *hsdp, "train.precision=bf16"),
         "custom": local_shards(
             wrap_model(Blocks, d, strategy="hsdp", hsdp_shard_size=2, init_weights=normal_init)
         ),

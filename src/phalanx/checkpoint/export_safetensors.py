@@ -79,6 +79,7 @@ def write_safetensors(
     sizes = {
         name: shape.numel() * dtype.itemsize for name, (shape, dtype) in weights.entries.items()
     }
+    need_safetensors()  # before the temporary directory: a missing package leaves nothing
     shards = plan_shards(sizes, max_shard_bytes)
     names = shard_names(len(shards))
     tmp = out.with_name(f".{out.name}.{os.getpid()}{files.TMP_SUFFIX}")
@@ -98,6 +99,9 @@ def write_safetensors(
     except OSError as error:
         shutil.rmtree(tmp, ignore_errors=True)
         raise files.storage_error(out.parent, error) from error
+    except BaseException:  # a refused tensor, an interrupt: no half-written directory stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return len(sizes)
 
 

@@ -1,0 +1,261 @@
+"""Issue #14's acceptance: the Horovod synthetic benchmark under `phalanx.horovod` against the
+same model and batch trained by phalanx.Trainer with DDP; images/s per GPU within 5%.
+
+    torchrun --standalone --nproc_per_node=2 benchmarks/horovod_vs_ddp.py      # 2 GPUs, < 5 min
+    phalanx run -n 2 benchmarks/horovod_vs_ddp.py --smoke                       # CPU, seconds
+
+Both sides run in the same processes, interleaved (shim, DDP, DDP, shim, ...) for --reps
+repetitions, so that clock drift and a neighbour's load hit both alike. Each repetition builds
+the model from seed 0 and trains --warmup untimed then --steps timed steps of one fixed batch
+per rank (SGD, lr 0.01 x world size, as examples/horovod/synthetic_benchmark.py): the shim
+through hvd.DistributedOptimizer, the Trainer through its own loop, whose data set yields only
+step indices (the batch is the same fixed tensor, so neither side pays for data loading). A
+repetition's time is the slowest rank's. Rank 0 prints a table (median, spread, img/s per GPU)
+and writes JSON to benchmarks/results/.
+
+--model: a torchvision model (resnet18 when torchvision is installed, else "small": the
+example's 3-layer CNN on 32x32 images, which keeps the fallback the example has).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import phalanx
+import phalanx.horovod as hvd
+from phalanx.config import load
+
+RESULTS = Path(__file__).parent / "results"
+ModelFactory = Callable[[], nn.Module]
+
+
+class SmallNet(nn.Module):
+    """examples/horovod/synthetic_benchmark.py's model without torchvision."""
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc = nn.Linear(32 * 8 * 8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(torch.flatten(x, 1))  # type: ignore[no-any-return]
+
+
+def model_factory(name: str | None) -> tuple[str, ModelFactory, int]:
+    """(name, constructor, image size), with the example's choice of default."""
+    try:  # optional, as in the example; imported by name so that type checks need no stubs
+        models: Any = importlib.import_module("torchvision.models")
+    except ImportError:
+        models = None
+    if name is None:
+        name = "resnet18" if models is not None else "small"
+    if name == "small":
+        return name, SmallNet, 32
+    if models is None:
+        raise SystemExit(f"--model {name} needs torchvision (pip install torchvision)")
+    return name, getattr(models, name), 224
+
+
+class Batch:
+    """One fixed batch per rank on the rank's device, as the synthetic benchmark uses."""
+
+    def __init__(self, size: int, image: int, device: torch.device, rank: int) -> None:
+        gen = torch.Generator().manual_seed(rank)
+        self.data = torch.randn(size, 3, image, image, generator=gen).to(device)
+        self.target = torch.randint(0, 1000, (size,), generator=gen).to(device)
+
+    def loss(self, model: nn.Module) -> torch.Tensor:
+        return F.cross_entropy(model(self.data), self.target)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def slowest(seconds: float) -> float:
+    """The largest of every rank's time: a step is as slow as its slowest rank."""
+    value = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=hvd_cpu_group())
+    return float(value.item())
+
+
+def hvd_cpu_group() -> Any:
+    """A gloo group for the timing scalar (CPU tensor) also when the job runs on NCCL."""
+    from phalanx.horovod.runtime import RUNTIME
+
+    return RUNTIME.cpu_group
+
+
+def run_shim(
+    build: ModelFactory, batch: Batch, args: argparse.Namespace, device: torch.device
+) -> float:
+    """Seconds for args.steps steps of the synthetic benchmark's loop under the shim."""
+    torch.manual_seed(0)
+    model = build().to(device)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+    optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        batch.loss(model).backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+
+    for _ in range(args.warmup):
+        step()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    sync(device)
+    return slowest(time.perf_counter() - start)
+
+
+class StepIndices(torch.utils.data.Dataset[int]):
+    """Only indices: the Trainer's loader has nothing to copy, like the fixed batch above."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class Timer(phalanx.Callback[phalanx.Trainer]):
+    """Wall time at the logging points (every args.warmup steps; they synchronise)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.marks: dict[int, float] = {}
+
+    def on_log(self, trainer: phalanx.Trainer, values: dict[str, Any]) -> None:
+        sync(self.device)
+        self.marks[int(values["step"])] = time.perf_counter()
+
+
+def trainer_config(args: argparse.Namespace, run_root: str) -> phalanx.TrainerConfig:
+    overrides = [
+        "train.strategy=ddp", f"train.max_steps={args.warmup + args.steps}",
+        f"train.log_every={args.warmup}", f"data.batch_size={args.batch_size}",
+        "data.num_workers=0", "data.shuffle=false", "train.progress=false",
+        "checkpoint.at_end=false", "track.plots=false", "track.trackers=jsonl",
+        f"run.root={run_root}", "run.name=ddp",
+    ]  # fmt: skip
+    return load(phalanx.TrainerConfig, overrides=overrides)
+
+
+def run_ddp(
+    d: phalanx.Dist, build: ModelFactory, batch: Batch, args: argparse.Namespace, run_root: str
+) -> float:
+    """Seconds for args.steps steps of the same model and batch in phalanx.Trainer (DDP)."""
+    torch.manual_seed(0)
+    timer = Timer(d.device)
+    world = d.env.world_size
+    trainer = phalanx.Trainer(
+        d, config=trainer_config(args, run_root), model=build(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.01 * world),
+        train_data=StepIndices(args.batch_size * world * (args.warmup + args.steps + 1)),
+        train_step=lambda model, _indices: batch.loss(model), callbacks=[timer],
+    )  # fmt: skip
+    trainer.fit()
+    end = args.warmup + args.steps
+    return slowest(timer.marks[end] - timer.marks[args.warmup])
+
+
+def summary(seconds: list[float], args: argparse.Namespace) -> dict[str, Any]:
+    per_gpu = [args.batch_size * args.steps / s for s in seconds]
+    median = statistics.median(per_gpu)
+    return {
+        "img_per_s_per_gpu": [round(v, 1) for v in per_gpu],
+        "median": round(median, 1),
+        "spread_pct": round(100 * (max(per_gpu) - min(per_gpu)) / median, 1),
+    }
+
+
+def report(results: dict[str, Any]) -> str:
+    rows = [f"{'':6}{'median img/s/GPU':>18}{'spread':>9}  per repetition"]
+    for name in ("shim", "ddp"):
+        r = results[name]
+        reps = " ".join(f"{v:.0f}" for v in r["img_per_s_per_gpu"])
+        rows.append(f"{name:6}{r['median']:>18.1f}{r['spread_pct']:>8.1f}%  {reps}")
+    verdict = "within" if abs(results["shim_vs_ddp_pct"]) <= 5 else "NOT within"
+    rows.append(f"shim vs DDP: {results['shim_vs_ddp_pct']:+.1f}% ({verdict} 5%)")
+    return "\n".join(rows)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="torchvision model, or 'small'")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per rank and step")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps (a logging point)")
+    parser.add_argument("--steps", type=int, default=100, help="timed steps, a multiple of warmup")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions of each side")
+    parser.add_argument("--smoke", action="store_true", help="tiny CPU run: 1 rep, small CNN")
+    parser.add_argument("--out", default="", help="JSON path (default benchmarks/results/...)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.model, args.batch_size, args.warmup, args.steps, args.reps = "small", 4, 2, 4, 1
+    if args.steps % args.warmup:
+        parser.error("--steps must be a multiple of --warmup (the Trainer's logging points)")
+    return args
+
+
+def main() -> None:
+    args = parse()
+    with phalanx.distributed(phalanx.DistConfig()) as d:
+        hvd.init()  # adopts the group phalanx made (and a gloo group for CPU tensors)
+        name, build, image = model_factory(args.model)
+        batch = Batch(args.batch_size, image, d.device, d.env.rank)
+        run_root = str(Path(tempfile.gettempdir()) / "phalanx-horovod-vs-ddp")  # not kept
+        seconds: dict[str, list[float]] = {"shim": [], "ddp": []}
+        for rep in range(args.reps):
+            order = ("shim", "ddp") if rep % 2 == 0 else ("ddp", "shim")
+            for side in order:
+                took = (
+                    run_shim(build, batch, args, d.device) if side == "shim"
+                    else run_ddp(d, build, batch, args, run_root)
+                )  # fmt: skip
+                seconds[side].append(took)
+        if d.env.is_main_process:
+            write(args, name, d, {side: summary(s, args) for side, s in seconds.items()})
+
+
+def write(args: argparse.Namespace, model: str, d: phalanx.Dist, sides: dict[str, Any]) -> None:
+    device = torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"
+    results = {
+        **sides, "model": model, "batch_per_rank": args.batch_size, "warmup": args.warmup,
+        "steps": args.steps, "reps": args.reps, "world_size": d.env.world_size, "device": device,
+        "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+        "shim_vs_ddp_pct": round(100 * (sides["shim"]["median"] / sides["ddp"]["median"] - 1), 1),
+    }  # fmt: skip
+    print(report(results), flush=True)
+    kind = "smoke" if args.smoke else f"{d.env.world_size}x{d.device.type}"
+    out = Path(args.out) if args.out else RESULTS / f"horovod_vs_ddp-{kind}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
