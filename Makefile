@@ -21,7 +21,7 @@ demo-data:
 	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q dataset-fashion-mnist; }
 
 test: system-deps setup lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests --durations=30
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
