@@ -105,9 +105,11 @@ def _attempt_store(env: ClusterEnv, timeout: timedelta) -> Any:
 
 def shutdown() -> None:
     """Destroy the process group if one exists; safe to call twice and after errors."""
+    # Free unreachable DDP reducers and pending gloo work while the interpreter is fully alive:
+    # destroyed during interpreter finalization they can abort the process ("terminate called
+    # without an active exception", pytorch/pytorch#179291). Also after phalanx.distributed()
+    # has torn the group down: this runs at exit, when the user's main() has returned and its
+    # Trainer (kept alive by reference cycles) is unreachable, so collected here, not later.
+    gc.collect()
     if dist.is_available() and dist.is_initialized():
-        # Free unreachable DDP reducers and pending gloo work while the interpreter is fully
-        # alive: destroyed during interpreter finalization they can abort the process
-        # ("terminate called without an active exception", pytorch/pytorch#179291).
-        gc.collect()
         dist.destroy_process_group()
