@@ -14,13 +14,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# The large-model tests' data, step and gathered view (a script's own folder is on sys.path).
+from large_model_worker import config as base_config
+from large_model_worker import data, flat, mse_step
 from torch import nn
 from torch.utils.data import TensorDataset
 
 import phalanx
-from phalanx.config import load
 from phalanx.errors import UsageError
-from phalanx.train import model_state_dict, unwrap, wrap_model
+from phalanx.train import unwrap, wrap_model
 from phalanx.train.compiling import is_compiled
 
 DIM, WIDTH, VOCAB = 6, 16, 32
@@ -49,28 +52,8 @@ class Net(nn.Module):
         return self.head(x)
 
 
-def data(n: int = 64) -> TensorDataset:
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(n, DIM, generator=gen)
-    return TensorDataset(x, x @ torch.randn(DIM, 1, generator=gen))
-
-
-def mse_step(model: nn.Module, batch: Any) -> torch.Tensor:
-    x, y = batch
-    return nn.functional.mse_loss(model(x), y)
-
-
 def config(*overrides: str) -> phalanx.TrainerConfig:
-    base = ["data.shuffle=false", "data.num_workers=0", "data.batch_size=4", "train.log_every=1",
-            "train.progress=false", "train.max_steps=3", "checkpoint.sharded=true",
-            "checkpoint.at_end=false", "train.strategy=fsdp"]  # fmt: skip
-    return load(phalanx.TrainerConfig, overrides=[*base, *overrides])
-
-
-def flat(model: nn.Module) -> list[float]:
-    """The whole model, gathered (a collective under FSDP: every rank calls it)."""
-    state = model_state_dict(model)
-    return [v for k in sorted(state) for v in state[k].flatten().tolist()]
+    return base_config("train.strategy=fsdp", *overrides)
 
 
 def fit(d: phalanx.Dist, model: Any, *overrides: str, **kwargs: Any) -> phalanx.Trainer:
