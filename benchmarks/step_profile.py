@@ -221,6 +221,7 @@ def run_hand(args: argparse.Namespace, d: Any, window: StepWindow) -> None:
 def run_trainer(args: argparse.Namespace, d: Any, cfg: Any, window: StepWindow) -> None:
     import phalanx
     import phalanx.train.step as step_module
+    from phalanx.train.feeding import DeviceFeed
 
     b, t, v, n_layers, h, dim = SIZES[args.size]
     clock = window.clock
@@ -245,8 +246,8 @@ def run_trainer(args: argparse.Namespace, d: Any, cfg: Any, window: StepWindow) 
     clock.watch_optimizer(trainer.optimizer)
     # Thin timers on the Trainer's parts, on these instances only (phalanx's code is unchanged).
     for obj, attr, name in (
-        (trainer, "_micro_batches", "data (next + to_device)"),
-        (trainer._control, "agree", "control all-reduce (ControlPlane.agree)"),
+        (trainer._loop, "exchange", "control flags, posted/read (LoopControl.exchange)"),
+        (trainer._loop, "before_step", "control all-reduce, blocking (iterable data)"),
         (trainer.precision, "backward", "backward"),
         (trainer.guard, "observe_loss", "guard.observe_loss"),
         (trainer.guard, "agree", "guard.agree (flag all-reduce)"),
@@ -256,6 +257,13 @@ def run_trainer(args: argparse.Namespace, d: Any, cfg: Any, window: StepWindow) 
         (trainer.throughput, "count_step", "throughput.count_step"),
     ):
         setattr(obj, attr, clock.wrap(name, getattr(obj, attr)))
+    for method, name in (("take", "data: take (wait for copy)"), ("prefetch", "data: prefetch")):
+        # Class-level (the feed is made per epoch); unwrap an earlier repetition's timer first.
+        plain = getattr(DeviceFeed, method)
+        plain = getattr(plain, "phx_plain", plain)
+        timed = clock.wrap(name, plain)
+        timed.phx_plain = plain  # type: ignore[attr-defined]
+        setattr(DeviceFeed, method, timed)
     saved_norm = torch.nn.utils.get_total_norm
     saved_masked = step_module.masked_step
     torch.nn.utils.get_total_norm = clock.wrap("get_total_norm", saved_norm)

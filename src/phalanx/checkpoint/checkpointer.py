@@ -100,6 +100,11 @@ class Checkpointer:
         return self._last_step
 
     @property
+    def pending_step(self) -> int | None:
+        """The step of the save in flight (written, not yet committed); None when there is none."""
+        return None if self._pending is None else self._pending[0]
+
+    @property
     def writing(self) -> bool:
         """This rank's background write is still running (never blocks). Agree on it with the
         other ranks (phalanx.dist.control) and call `finish_pending` once no rank is writing."""

@@ -1,8 +1,9 @@
-"""The Trainer's training data: its loader, and how many optimizer steps an epoch holds."""
+"""The Trainer's training data: its loader, how many optimizer steps an epoch holds, and the
+feed that copies the next step's batches to the device while the current step runs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -12,6 +13,7 @@ from phalanx.config.training import TrainerConfig
 from phalanx.data.loader import make_iterable_loader, make_train_loader
 from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.env import ClusterEnv
+from phalanx.train.step import to_device
 
 
 def train_loader(
@@ -43,3 +45,70 @@ def steps_per_epoch(sampler: GlobalOrderSampler, grad_accum: int) -> int:
     if not sampler.drop_last and size % (batch * world) > (world - 1) * batch:
         micro += 1
     return micro // grad_accum
+
+
+def common_steps_left(sampler: GlobalOrderSampler, grad_accum: int) -> int:
+    """Optimizer steps every rank can still take from the sampler's position: the same number
+    on every rank, so the Trainer needs no per-step agreement about data (map-style data)."""
+    rest = sampler.end_index - sampler.start_index
+    full, tail = divmod(rest, sampler.global_batch_size)
+    # A short last batch counts when even the last rank gets a sample of it.
+    micro = full + (1 if tail > (sampler.world_size - 1) * sampler.batch_size else 0)
+    return micro // grad_accum
+
+
+class DeviceFeed:
+    """The micro-batches of one optimizer step at a time, moved to `device`.
+
+    `prefetch()` takes the next step's batches from the loader and starts their host-to-device
+    copy; on CUDA on a side stream, so the copy overlaps the step being computed instead of
+    queueing behind it. `take()` hands them over (the compute stream waits for the copy on the
+    GPU, not on the host). Batches are counted as consumed by the caller once a step ran, so a
+    prefetched batch never moves the resume position.
+    """
+
+    def __init__(self, it: Iterator[Any], device: torch.device, per_step: int) -> None:
+        self._it, self._device, self._per_step = it, device, per_step
+        self._stream = (
+            torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            if device.type == "cuda"
+            else None
+        )
+        self._ready: list[Any] | None = None
+
+    def prefetch(self) -> None:
+        batches = []
+        for _ in range(self._per_step):
+            try:
+                batches.append(next(self._it))
+            except StopIteration:
+                break
+        if self._stream is None:
+            self._ready = [to_device(b, self._device) for b in batches]
+            return
+        with torch.cuda.stream(self._stream):
+            self._ready = [to_device(b, self._device) for b in batches]
+
+    def take(self) -> list[Any]:
+        """This step's micro-batches (fewer than per_step, or none, at the end of the data)."""
+        if self._ready is None:
+            self.prefetch()
+        batches, self._ready = self._ready, None
+        assert batches is not None
+        if self._stream is not None:
+            current = torch.cuda.current_stream(self._device)
+            current.wait_stream(self._stream)
+            _record_on(batches, current)  # their memory is the side stream's until then
+        return batches
+
+
+def _record_on(batch: Any, stream: torch.cuda.Stream) -> None:
+    if isinstance(batch, torch.Tensor):
+        if batch.device.type == "cuda":
+            batch.record_stream(stream)
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            _record_on(value, stream)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            _record_on(value, stream)

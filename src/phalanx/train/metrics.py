@@ -6,12 +6,17 @@
     metrics.add("ids", ids, reduce="cat")     # all values of all ranks, concatenated
     values = metrics.compute()                # collectives here, then the buffers reset
 
-`add` never syncs with the host; `compute` costs one all-reduce per reduction kind used (plus one
-all-gather for `cat`). All ranks must call compute() together with the same names added.
+`add` launches no kernel in a training step: a tensor already on the metrics' device is kept
+by reference (detached) and a Python number is summed on the host; the kept values are folded
+into one running value per name every FOLD_EVERY adds and at compute(). That keeps the step's
+launch count what the user's own code costs (issue #17). `compute` costs one all-reduce per
+reduction kind used (plus one all-gather for `cat`). All ranks must call compute() together
+with the same names added.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,6 +25,19 @@ import torch.distributed as dist
 from phalanx.errors import UsageError
 
 REDUCTIONS = ("mean", "sum", "min", "max", "cat")
+FOLD_EVERY = 64
+"""Kept tensors per name before they are folded into the running value (bounds memory)."""
+
+
+@dataclass
+class _Series:
+    """One name's values since the last compute()."""
+
+    kind: str
+    pending: list[torch.Tensor] = field(default_factory=list)  # device values, not yet folded
+    folded: torch.Tensor | None = None  # float64 running sum / min / max (or all, for cat)
+    host: float | None = None  # Python numbers' running sum / min / max
+    count: int = 0
 
 
 class Metrics:
@@ -27,84 +45,120 @@ class Metrics:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._kinds: dict[str, str] = {}
-        self._sums: dict[str, torch.Tensor] = {}
-        self._counts: dict[str, torch.Tensor] = {}
-        self._cats: dict[str, list[torch.Tensor]] = {}
+        self._series: dict[str, _Series] = {}
 
     def add(self, name: str, value: torch.Tensor | float, *, reduce: str = "mean") -> None:
         if reduce not in REDUCTIONS:
             raise UsageError(f"metric {name!r}: reduce={reduce!r} is not one of {REDUCTIONS}")
-        if self._kinds.setdefault(name, reduce) != reduce:
-            raise UsageError(f"metric {name!r} was added with reduce={self._kinds[name]!r} before")
-        if isinstance(value, torch.Tensor):
-            tensor = value.detach().to(self.device, torch.float64).reshape(-1)
-        else:
-            # Python numbers become device tensors by a fill kernel, not a host-to-device copy
-            # (a copy from pageable memory would synchronise the stream).
-            tensor = torch.full((1,), float(value), dtype=torch.float64, device=self.device)
-        if reduce == "cat":
-            self._cats.setdefault(name, []).append(tensor)
-            return
-        if reduce in ("mean", "sum"):
-            part = tensor.sum()
-        else:
-            part = tensor.min() if reduce == "min" else tensor.max()
-        if name not in self._sums:
-            self._sums[name] = part
-            self._counts[name] = torch.zeros((), dtype=torch.float64, device=self.device)
-        elif reduce in ("mean", "sum"):
-            self._sums[name] = self._sums[name] + part
-        else:
-            pick = torch.minimum if reduce == "min" else torch.maximum
-            self._sums[name] = pick(self._sums[name], part)
-        self._counts[name] = self._counts[name] + tensor.numel()
+        series = self._series.setdefault(name, _Series(reduce))
+        if series.kind != reduce:
+            raise UsageError(f"metric {name!r} was added with reduce={series.kind!r} before")
+        if not isinstance(value, torch.Tensor):
+            if reduce == "cat":
+                value = torch.tensor([float(value)], dtype=torch.float64)
+            else:
+                series.host = _combine_host(reduce, series.host, float(value))
+                series.count += 1
+                return
+        series.pending.append(value.detach().reshape(-1))
+        series.count += value.numel()
+        if len(series.pending) >= FOLD_EVERY:
+            _fold(series, self.device)
 
     def _agree_on_names(self) -> None:
-        """Ranks that saw no value of a name (e.g. an empty eval shard) add a neutral one."""
+        """Ranks that saw no value of a name (e.g. an empty eval shard) add an empty series."""
         if not _distributed():
             return
         kinds: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(kinds, self._kinds)
-        neutral = {"min": float("inf"), "max": float("-inf")}
+        dist.all_gather_object(kinds, {n: s.kind for n, s in self._series.items()})
         for theirs in kinds:
             for name, kind in theirs.items():
-                if name in self._kinds:
-                    continue
-                self._kinds[name] = kind
-                if kind == "cat":
-                    self._cats[name] = [torch.zeros(0, dtype=torch.float64, device=self.device)]
-                    continue
-                fill = neutral.get(kind, 0.0)
-                self._sums[name] = torch.tensor(fill, dtype=torch.float64, device=self.device)
-                self._counts[name] = torch.zeros((), dtype=torch.float64, device=self.device)
+                self._series.setdefault(name, _Series(kind))
 
     def compute(self) -> dict[str, Any]:
         """Reduce across ranks, return plain Python values, reset."""
         self._agree_on_names()
+        for series in self._series.values():
+            _fold(series, self.device)
         out: dict[str, Any] = {}
         by_kind: dict[str, list[str]] = {}
-        for name in sorted(self._sums):
-            by_kind.setdefault(self._kinds[name], []).append(name)
+        for name in sorted(self._series):
+            by_kind.setdefault(self._series[name].kind, []).append(name)
+        local = self._local_values([n for n in self._series if self._series[n].kind != "cat"])
         additive = by_kind.get("mean", []) + by_kind.get("sum", [])
         if additive:
-            stacked = torch.stack(
-                [self._sums[n] for n in additive] + [self._counts[n] for n in additive]
+            counts = [float(self._series[n].count) for n in additive]
+            stacked = torch.tensor(
+                [local[n] for n in additive] + counts, dtype=torch.float64, device=self.device
             )
             values = _all_reduce(stacked, dist.ReduceOp.SUM).tolist()
             k = len(additive)
             for i, name in enumerate(additive):
                 total, count = values[i], values[k + i]
-                out[name] = total / max(count, 1) if self._kinds[name] == "mean" else total
+                out[name] = total / max(count, 1) if self._series[name].kind == "mean" else total
         for kind, op in (("min", dist.ReduceOp.MIN), ("max", dist.ReduceOp.MAX)):
             names = by_kind.get(kind, [])
             if names:
-                values = _all_reduce(torch.stack([self._sums[n] for n in names]), op).tolist()
-                out.update(zip(names, values, strict=True))
-        for name in sorted(self._cats):
-            out[name] = _all_gather_cat(torch.cat(self._cats[name]))
-        self._kinds, self._sums, self._counts, self._cats = {}, {}, {}, {}
+                mine = torch.tensor(
+                    [local[n] for n in names], dtype=torch.float64, device=self.device
+                )
+                out.update(zip(names, _all_reduce(mine, op).tolist(), strict=True))
+        for name in by_kind.get("cat", []):
+            folded = self._series[name].folded
+            out[name] = _all_gather_cat(folded if folded is not None else torch.zeros(0))
+        self._series = {}
         return out
+
+    def _local_values(self, names: list[str]) -> dict[str, float]:
+        """This rank's value of each sum/mean/min/max series (neutral if it saw none); the
+        device parts reach the host in one copy."""
+        on_device = [n for n in names if self._series[n].folded is not None]
+        folded = [self._series[n].folded for n in on_device]
+        device_values = torch.stack(folded).tolist() if folded else []  # type: ignore[arg-type]
+        out: dict[str, float] = {}
+        for name in names:
+            series = self._series[name]
+            value = series.host
+            if name in on_device:
+                value = _combine_host(series.kind, value, device_values[on_device.index(name)])
+            neutral = {"min": float("inf"), "max": float("-inf")}.get(series.kind, 0.0)
+            out[name] = neutral if value is None else value
+        return out
+
+
+def _combine_host(kind: str, old: float | None, new: float) -> float:
+    if old is None:
+        return new
+    if kind == "min":
+        return min(old, new)
+    if kind == "max":
+        return max(old, new)
+    return old + new
+
+
+def _fold(series: _Series, device: torch.device) -> None:
+    """The pending tensors combined (in float64, on `device`) into the running value."""
+    if not series.pending:
+        return
+    values = torch.cat([t.to(device, torch.float64) for t in series.pending])
+    series.pending = []
+    if series.kind == "cat":
+        parts = [values] if series.folded is None else [series.folded, values]
+        series.folded = torch.cat(parts)
+        return
+    if series.kind in ("mean", "sum"):
+        part = values.sum()
+    elif values.numel() == 0:
+        return
+    else:
+        part = values.min() if series.kind == "min" else values.max()
+    if series.folded is None:
+        series.folded = part
+    elif series.kind in ("mean", "sum"):
+        series.folded = series.folded + part
+    else:
+        pick = torch.minimum if series.kind == "min" else torch.maximum
+        series.folded = pick(series.folded, part)
 
 
 def _distributed() -> bool:

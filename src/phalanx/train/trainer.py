@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -20,7 +20,6 @@ from phalanx.config.training import TrainerConfig
 from phalanx.data.loader import make_eval_loader, start_workers
 from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.data.seeding import seed_everything
-from phalanx.dist.control import ControlPlane
 from phalanx.dist.process_group import Dist
 from phalanx.errors import UsageError
 from phalanx.lifecycle.hang import HangWatch
@@ -29,14 +28,15 @@ from phalanx.track import Tracking
 from phalanx.train.callbacks import Callback
 from phalanx.train.checkpointing import config_fingerprint, make_store
 from phalanx.train.evaluate import EvalFn, evaluate, lockstep_steps
-from phalanx.train.feeding import steps_per_epoch, train_loader
-from phalanx.train.guard import NanGuard, NonFiniteError
+from phalanx.train.feeding import DeviceFeed, common_steps_left, steps_per_epoch, train_loader
+from phalanx.train.guard import NanGuard, NonFiniteError, host_read_warning
+from phalanx.train.loop_control import LoopControl
 from phalanx.train.meta_init import InitFn, ModelFactory
 from phalanx.train.metrics import Metrics
 from phalanx.train.optim import OptimizerArg, SchedulerArg, build_optimizer, build_scheduler
 from phalanx.train.precision import Precision
 from phalanx.train.progress import Throughput, peak_flops, progress_line
-from phalanx.train.step import StepFn, StepParts, optimizer_step, sync_debug, to_device
+from phalanx.train.step import StepFn, StepParts, optimizer_step, sync_debug
 from phalanx.train.strategy import explain_ddp_oom, unwrap, wrap_model
 from phalanx.train.tracking import end_tracking, start_tracking
 from phalanx.train.watchdog import start_hang_watch
@@ -120,6 +120,9 @@ class Trainer:
         self.guard = NanGuard(
             train.nan_policy, handle.device, rank=self.env.rank, world_size=self.env.world_size
         )
+        warning = host_read_warning(self.optimizer, train.nan_policy, handle.device)
+        if warning and self.env.is_main_process and self.precision.scaler is None:
+            log.warning(warning)
         self.metrics = Metrics(handle.device)
         self._parts = StepParts(
             model=self.model,
@@ -137,10 +140,8 @@ class Trainer:
         self, flops_per_sample: float | None, tokens_per_sample: float | None
     ) -> None:
         """Position, history, checkpoints, preemption, throughput: what the loop keeps."""
-        self._control = ControlPlane()
         self.state = TrainState()
         self.history: list[dict[str, Any]] = []
-        self.stop_requested = False
         self.last_eval: dict[str, Any] = {}
         self._checkpointer = Checkpointer(
             store=make_store(self.handle.run_dir, self.config),
@@ -155,6 +156,8 @@ class Trainer:
             on_commit=lambda step: self._tracking.durable(step),  # no re-run can change those
         )
         self._watcher: PreemptionWatcher | None = None  # signal handlers live only in fit()
+        self._loop = LoopControl(self._checkpointer)
+        self._loop.signalled = lambda: self._watcher is not None and self._watcher.requested
         self._hang: HangWatch | None = None  # the hang watchdog lives only in fit() too
         self._tracking = Tracking([])  # opened by fit(), once the resume step is known
         self._total_steps = 0
@@ -166,21 +169,18 @@ class Trainer:
         )
 
     @property
+    def stop_requested(self) -> bool:
+        """The ranks agreed to stop early (a signal, a time limit): fit() checkpoints and
+        raises RunInterrupted."""
+        return self._loop.stop_requested
+
+    @property
     def dry_run(self) -> bool:
         return self.config.run.dry_run
 
     @property
     def max_steps(self) -> int:
         return 2 if self.dry_run else self.config.train.max_steps
-
-    def _micro_batches(self, it: Iterator[Any]) -> list[Any]:
-        batches = []
-        for _ in range(self.config.train.grad_accum):
-            try:
-                batches.append(to_device(next(it), self.handle.device))
-            except StopIteration:
-                break
-        return batches
 
     def fit(self) -> list[dict[str, Any]]:
         """Train until epochs or max_steps are done (or a stop); returns the logged history."""
@@ -256,59 +256,81 @@ class Trainer:
         return self.state.epoch >= self.config.train.epochs
 
     def _run_epoch(self, loader: Any) -> bool:
-        """Steps until the data or max_steps runs out; True when the epoch was completed."""
+        """Steps until the data or max_steps runs out; True when the epoch was completed.
+
+        Map-style data: every rank knows how many steps the epoch holds, so the stop/commit
+        flags are agreed in the background, one step late (every rank reads the same verdict
+        after the same step). Iterable data: the flags, "I have data" among them, are agreed
+        before each step, since a rank that enters a step without data would hang the others."""
         train = self.config.train
-        it = start_workers(loader)
-        micro_steps = 0
+        sampler = loader.sampler if isinstance(loader.sampler, GlobalOrderSampler) else None
+        known = common_steps_left(sampler, train.grad_accum) if sampler is not None else None
+        feed = DeviceFeed(start_workers(loader), self.handle.device, train.grad_accum)
+        taken = micro_steps = 0
         while not (self.max_steps and self.state.step >= self.max_steps):
-            self._beat("data")
-            batches = self._micro_batches(it)
-            self._beat("sync")
-            signalled = self._watcher is not None and self._watcher.requested
-            agreed = self._control.agree(
-                has_data=len(batches) == train.grad_accum,
-                stop=self.stop_requested or signalled,
-                writing=self._checkpointer.writing,
-            )
-            if agreed.all_writes_done:
-                self._checkpointer.finish_pending()  # every rank's write is done: commit now
-            if agreed.any_stop:
-                self.stop_requested = True
-                return False
-            if not agreed.all_have_data:
+            if known is not None and taken >= known:
                 break
-            self._beat("step")
-            # From step 3 on: DDP rebuilds its gradient buckets once, with a sync, on step 2.
-            with (
-                sync_debug(train.sync_debug and self.state.step >= 2, self.handle.device),
-                explain_ddp_oom(train.strategy, self.env.world_size),
-            ):
-                optimizer_step(self._parts, batches, step=self.state.step + 1)
-            self.state.step += 1
-            self._beat("after")
-            self.throughput.count_step()
-            micro_steps += len(batches)
-            if isinstance(loader.sampler, GlobalOrderSampler):
+            self._beat("data")
+            batches = feed.take()
+            assert known is None or len(batches) == train.grad_accum, "common_steps_left"
+            if known is None:
+                self._beat("sync")
+                if not self._loop.before_step(has_data=len(batches) == train.grad_accum):
+                    break
+            if self.stop_requested:
+                return False
+            self._step(batches)
+            taken, micro_steps = taken + 1, micro_steps + len(batches)
+            if sampler is not None:
                 # Capped at the epoch's end: a resume position must stay inside the data set.
-                self.state.global_index = loader.sampler.global_index_after(micro_steps)
-            if self.state.step % train.log_every == 0:
-                self._log()
-            if train.eval_every and self.state.step % train.eval_every == 0:
-                self.evaluate()
-            every = self.config.checkpoint.every_steps
-            if every and self.state.step % every == 0:
-                self._beat("checkpoint")
-                with self.throughput.paused():
-                    self._checkpointer.save(self.state, metrics=self.last_eval)
-            for cb in self.callbacks:
-                cb.on_step_end(self)
+                self.state.global_index = sampler.global_index_after(micro_steps)
+            more = not (self.max_steps and self.state.step >= self.max_steps)
+            if more and (known is None or taken < known):
+                feed.prefetch()  # the next step's batches, copied while this step computes
+            if known is not None:
+                self._beat("sync")
+                self._loop.exchange()
+            self._after_step()
+            if self.stop_requested:
+                return False
         else:
+            self._loop.settle()
             return False  # max_steps reached: the epoch continues from here on a resume
+        self._loop.settle()
         self.state.epoch += 1
         self.state.global_index = 0
         if not train.eval_every:
             self.evaluate()
         return True
+
+    def _step(self, batches: list[Any]) -> None:
+        """One optimizer step; from step 3 on, sync_debug finds hidden host syncs (DDP rebuilds
+        its gradient buckets once, with a sync, on step 2)."""
+        train = self.config.train
+        self._beat("step")
+        with (
+            sync_debug(train.sync_debug and self.state.step >= 2, self.handle.device),
+            explain_ddp_oom(train.strategy, self.env.world_size),
+        ):
+            optimizer_step(self._parts, batches, step=self.state.step + 1)
+        self.state.step += 1
+        self._beat("after")
+        self.throughput.count_step()
+
+    def _after_step(self) -> None:
+        """Logging, evaluation, the regular checkpoint and callbacks after a step."""
+        train = self.config.train
+        if self.state.step % train.log_every == 0:
+            self._log()
+        if train.eval_every and self.state.step % train.eval_every == 0:
+            self.evaluate()
+        every = self.config.checkpoint.every_steps
+        if every and self.state.step % every == 0:
+            self._beat("checkpoint")
+            with self.throughput.paused():
+                self._checkpointer.save(self.state, metrics=self.last_eval)
+        for cb in self.callbacks:
+            cb.on_step_end(self)
 
     def evaluate(self) -> dict[str, float]:
         """Evaluate on eval_data (every sample exactly once); {} without eval data."""

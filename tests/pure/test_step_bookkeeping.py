@@ -1,0 +1,104 @@
+"""The step's bookkeeping that issue #17 made launch-free: metrics kept by reference, the NaN
+guard's in-place counters, the step count every rank shares, the device feed's order."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+import torch
+
+from phalanx.data.sampler import GlobalOrderSampler
+from phalanx.errors import UsageError
+from phalanx.train.feeding import DeviceFeed, common_steps_left
+from phalanx.train.guard import NanGuard
+from phalanx.train.metrics import FOLD_EVERY, Metrics
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_common_steps_left_is_what_every_rank_can_take(drop_last: bool) -> None:
+    for size, world, batch, accum in itertools.product(
+        (0, 1, 7, 24, 25, 31), (1, 2, 3), (1, 2, 4), (1, 2, 3)
+    ):
+        for start in sorted(s for s in {0, batch * world, size // 2, size} if s <= size):
+            samplers = [
+                GlobalOrderSampler(size, rank=r, world_size=world, batch_size=batch, seed=0,
+                                   drop_last=drop_last, start_index=start)
+                for r in range(world)
+            ]  # fmt: skip
+            # Micro-batches each rank's loader yields (a short last batch counts).
+            micro = min(math.ceil(len(s) / batch) for s in samplers)
+            assert common_steps_left(samplers[0], accum) == micro // accum, (size, world, start)
+
+
+def test_metrics_reduce_like_plain_python_across_folds() -> None:
+    rng = random.Random(0)
+    metrics = Metrics(CPU)
+    values = [rng.uniform(-5, 5) for _ in range(3 * FOLD_EVERY + 5)]
+    for i, v in enumerate(values):
+        metrics.add("mean", torch.tensor(v, dtype=torch.float32 if i % 2 else torch.bfloat16))
+        metrics.add("sum", v, reduce="sum")  # a host number
+        metrics.add("lo", torch.tensor([v, v + 1], dtype=torch.float64), reduce="min")
+        metrics.add("hi", v, reduce="max")
+        metrics.add("all", torch.tensor([i]), reduce="cat")
+    cast = [
+        float(torch.tensor(v, dtype=torch.float32 if i % 2 else torch.bfloat16))
+        for i, v in enumerate(values)
+    ]
+    out = metrics.compute()
+    assert out["mean"] == pytest.approx(sum(cast) / len(cast), rel=1e-12)
+    assert out["sum"] == pytest.approx(sum(values), rel=1e-12)
+    assert out["lo"] == min(values) and out["hi"] == max(values)
+    assert out["all"] == list(range(len(values)))
+    assert metrics.compute() == {}  # reset
+
+
+def test_metrics_keep_values_not_graphs_and_refuse_a_second_kind() -> None:
+    metrics = Metrics(CPU)
+    weight = torch.ones(2, requires_grad=True)
+    metrics.add("loss", (weight * 3).sum())
+    assert not any(t.requires_grad for t in metrics._series["loss"].pending)
+    with pytest.raises(UsageError, match="reduce='mean' before"):
+        metrics.add("loss", 1.0, reduce="sum")
+    assert metrics.compute() == {"loss": 6.0}
+
+
+def test_guard_counts_bad_steps_and_keeps_the_first() -> None:
+    guard = NanGuard("skip", CPU, rank=0, world_size=1)
+    nan, inf, one = float("nan"), float("inf"), 1.0
+    # (micro-batch losses, gradient norm, include_grads) -> verdict
+    steps = [
+        ([one], one, True, False),
+        ([one, inf], one, True, True),  # one bad micro-batch of two
+        ([one], nan, True, True),  # gradients only
+        ([one], nan, False, False),  # fp16: the scaler's business
+        ([nan], one, False, True),
+        ([], inf, True, True),  # no loss observed (a hand loop)
+    ]
+    for step, (losses, norm, grads, want) in enumerate(steps, start=1):
+        for loss in losses:
+            guard.observe_loss(torch.tensor(loss))
+        assert bool(guard.agree(torch.tensor(norm), step, include_grads=grads)) is want, step
+    report = guard.report()
+    assert (report.events, report.first_step, report.loss_ranks) == (4, 2, [0])
+
+
+def test_guard_without_events_reports_none() -> None:
+    guard = NanGuard("stop", CPU, rank=0, world_size=1)
+    guard.observe_loss(torch.tensor(0.5))
+    guard.agree(torch.tensor(2.0), 1, include_grads=True)
+    assert guard.maybe_stop() == guard.report()
+    assert (guard.report().events, guard.report().first_step) == (0, -1)
+
+
+def test_device_feed_hands_over_steps_in_order_and_the_short_tail() -> None:
+    feed = DeviceFeed(iter(range(7)), CPU, per_step=3)
+    assert feed.take() == [0, 1, 2]
+    feed.prefetch()  # what the Trainer does after launching a step
+    assert feed.take() == [3, 4, 5]
+    assert feed.take() == [6]
+    assert feed.take() == []
