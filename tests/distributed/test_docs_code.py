@@ -94,3 +94,11 @@ def test_diff_blocks_match_their_files(page: str) -> None:
             files[old].splitlines(keepends=True), files[new].splitlines(keepends=True), old, new
         )
         assert "".join(diff) == block.body, f"{page}: the diff of {old} and {new} changed"
+
+
+def test_blocks_covered_by_the_quickstart_are_the_quickstarts() -> None:
+    quickstart = {b.body for b in blocks(ROOT / "docs" / "quickstart.md")}
+    for page in TUTORIALS:
+        for block in blocks(ROOT / "docs" / page):
+            reused = block.marker == "covered-by: tests/distributed/test_docs_code.py"
+            assert not reused or block.lang == "diff" or block.body in quickstart, (page, block)
