@@ -9,10 +9,13 @@ Each fenced block of a page in TUTORIALS carries a marker in the HTML comment ri
 - `<!-- covered-by: PATH -->`  run by the named test, which must exist.
 
 `text` blocks are output shown to the reader and need no marker. An unmarked block fails.
+A `diff` block marked `covered-by` this file must equal the unified diff of the two `file:`
+blocks its `---` and `+++` lines name (test_diff_blocks_match_their_files).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass
@@ -23,7 +26,15 @@ import pytest
 from tests.support.procs import base_env, run
 
 ROOT = Path(__file__).parents[2]
-TUTORIALS = ("quickstart.md",)
+TUTORIALS = (
+    "quickstart.md",
+    "tutorials/single-gpu-to-phalanx.md",
+    "tutorials/multi-gpu.md",
+    "tutorials/checkpoints.md",
+    "tutorials/trackers.md",
+    "tutorials/data-loading.md",
+    "tutorials/troubleshooting.md",
+)
 pytestmark = pytest.mark.dist
 
 _BLOCK = re.compile(
@@ -69,3 +80,25 @@ def test_tutorial_runs_as_written(page: str, tmp_path: Path) -> None:
             assert result.returncode == 0, f"{page}:\n{block.body}\n{output[-3000:]}"
             expect = re.search(r'expect="([^"]*)"', block.marker)
             assert expect is None or expect[1] in output, f"{page}: {expect}\n{output[-2000:]}"
+
+
+@pytest.mark.parametrize("page", TUTORIALS)
+def test_diff_blocks_match_their_files(page: str) -> None:
+    found = blocks(ROOT / "docs" / page)
+    files = {
+        b.marker.split(":", 1)[1].strip(): b.body for b in found if b.marker.startswith("file:")
+    }
+    for block in (b for b in found if b.lang == "diff"):
+        old, new = (line[4:] for line in block.body.splitlines()[:2])
+        diff = difflib.unified_diff(
+            files[old].splitlines(keepends=True), files[new].splitlines(keepends=True), old, new
+        )
+        assert "".join(diff) == block.body, f"{page}: the diff of {old} and {new} changed"
+
+
+def test_blocks_covered_by_the_quickstart_are_the_quickstarts() -> None:
+    quickstart = {b.body for b in blocks(ROOT / "docs" / "quickstart.md")}
+    for page in TUTORIALS:
+        for block in blocks(ROOT / "docs" / page):
+            reused = block.marker == "covered-by: tests/distributed/test_docs_code.py"
+            assert not reused or block.lang == "diff" or block.body in quickstart, (page, block)
