@@ -14,7 +14,12 @@ import pytest
 from tests.support.docs_blocks import DOCS, ROOT, check_marks, run_page
 from tests.support.procs import base_env
 
-TUTORIALS = ("quickstart.md", "tutorials/mpi-horovod.md", "tutorials/large-models.md", "migrating.md")
+TUTORIALS = (
+    "quickstart.md",
+    "tutorials/mpi-horovod.md",
+    "tutorials/large-models.md",
+    "migrating.md",
+)
 pytestmark = pytest.mark.dist
 
 
