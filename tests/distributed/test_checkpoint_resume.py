@@ -168,17 +168,18 @@ def test_preemption_signal_checkpoints_stops_and_resumes_exactly(tmp_path: Path)
         timeout=240,
     )  # fmt: skip
     assert result.returncode != 0  # an unfinished run never exits 0
-    # SIGUSR2 reached rank 1 after step 6: both ranks stop at the next step boundary.
+    # SIGUSR2 reached rank 1 after step 6: both ranks stop after the step then in flight (the
+    # stop flag is agreed in the background during step 7, phalanx.train.loop_control).
     for rank in (0, 1):
         assert (
-            f"[rank {rank}] stopped at step 6 by signal SIGUSR2: checkpoint step-6, not requeued"
+            f"[rank {rank}] stopped at step 7 by signal SIGUSR2: checkpoint step-7, not requeued"
             in result.stderr
         ), result.stderr[-3000:]
     assert "exitcode  : 140" in result.stderr  # 128 + SIGUSR2
-    assert (run_dir / "checkpoints" / "step-6" / "meta.json").exists()
+    assert (run_dir / "checkpoints" / "step-7" / "meta.json").exists()
     code, err = launch(run_dir, "model.dropout=0.1")
     assert code == 0, err
-    assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "7"]
+    assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "8"]
     final, expected = load(run_dir / "final.pt"), load(reference / "final.pt")
     for name in expected:
         assert torch.equal(final[name], expected[name]), name
@@ -197,11 +198,11 @@ def test_writer_process_survives_the_signals_that_stop_the_run(tmp_path: Path) -
     run_dir = tmp_path / "run"
     code, err = launch(run_dir, "model.dropout=0.1", "fail.signal_all_at_step=6", *ASYNC_PROCESS)
     assert code != 0
-    assert "stopped at step 6 by signal SIGUSR2: checkpoint step-6, not requeued" in err, err
-    assert committed_steps(run_dir / "checkpoints") == [4, 6]
+    assert "stopped at step 7 by signal SIGUSR2: checkpoint step-7, not requeued" in err, err
+    assert committed_steps(run_dir / "checkpoints") == [4, 6, 7]
     code, err = launch(run_dir, "model.dropout=0.1", *ASYNC_PROCESS)
     assert code == 0, err
-    assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "7"]
+    assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "8"]
     assert_same_training(run_dir, reference)
 
 

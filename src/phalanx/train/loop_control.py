@@ -3,12 +3,14 @@ a stop already agreed), commit (every rank's background checkpoint write is done
 iterable data, "every rank has a batch for this step".
 
 Map-style data: every rank knows the step count, so the flags need no answer before the step:
-`exchange()` reads the verdict posted after the previous step (its all-reduce had a whole
-step to finish in the background) and posts this step's, after the step's kernels are
-launched, so no rank's launch thread waits for its peers (issue #17). Every rank reads the
-same verdict after the same step, so all stop together, one step later than a blocking
-agreement would. Iterable data: `before_step()` is the blocking agreement, since a rank that
-entered a step without data would leave the others hanging in the gradient all-reduce.
+`post()` starts their all-reduce in the background before the step and `read()` takes the
+verdict after the step's kernels are launched, when the peers have long posted theirs, so
+no rank's launch thread waits for the slowest rank (issue #17). Every rank reads the same
+verdict after the same step, so all stop together, after the step that was in flight when
+the request came (a blocking agreement would stop before it).
+
+Iterable data: `before_step()` is the blocking agreement, since a rank that entered a step
+without data would leave the others hanging in the gradient all-reduce.
 """
 
 from __future__ import annotations
@@ -44,26 +46,19 @@ class LoopControl:
         self.stop_requested = agreed.any_stop
         return agreed.all_have_data or agreed.any_stop
 
-    def exchange(self) -> None:
-        """Read and act on the previous step's verdict, then post this step's flags (unless
-        the ranks just agreed to stop)."""
-        if self._pending is not None:
-            self._act_on(self._pending.wait())
-            self._pending = None
-            if self.stop_requested:
-                return
+    def post(self) -> None:
+        """Start the all-reduce of this rank's flags (before the step's launches)."""
+        assert self._pending is None, "post() twice without read()"
         self._posted_write = self._checkpointer.pending_step
         self._pending = self._control.post(
             stop=self._wants_stop(), writing=self._checkpointer.writing
         )
 
-    def settle(self) -> None:
-        """At the end of the loop: complete the last posted all-reduce (every rank does) and
-        take its commit; its stop flag is left to the next epoch (a signal stays requested)."""
-        if self._pending is not None:
-            stop = self.stop_requested
-            self._act_on(self._pending.wait())
-            self._pending, self.stop_requested = None, stop
+    def read(self) -> None:
+        """Wait for the posted verdict (after the step's launches) and act on it."""
+        assert self._pending is not None, "read() without post()"
+        pending, self._pending = self._pending, None
+        self._act_on(pending.wait())
 
     def _act_on(self, agreed: Agreement) -> None:
         # Commit only the write the flags were about: a save since then completed that one.

@@ -140,7 +140,11 @@ def _fold(series: _Series, device: torch.device) -> None:
     """The pending tensors combined (in float64, on `device`) into the running value."""
     if not series.pending:
         return
-    values = torch.cat([t.to(device, torch.float64) for t in series.pending])
+    pending = series.pending
+    if all(t.device == device and t.dtype == pending[0].dtype for t in pending):
+        values = torch.cat(pending).to(torch.float64)  # two launches for all of them
+    else:
+        values = torch.cat([t.to(device, torch.float64) for t in pending])
     series.pending = []
     if series.kind == "cat":
         parts = [values] if series.folded is None else [series.folded, values]

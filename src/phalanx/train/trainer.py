@@ -258,10 +258,9 @@ class Trainer:
     def _run_epoch(self, loader: Any) -> bool:
         """Steps until the data or max_steps runs out; True when the epoch was completed.
 
-        Map-style data: every rank knows how many steps the epoch holds, so the stop/commit
-        flags are agreed in the background, one step late (every rank reads the same verdict
-        after the same step). Iterable data: the flags, "I have data" among them, are agreed
-        before each step, since a rank that enters a step without data would hang the others."""
+        The ranks' stop/commit flags are agreed in the background around each step for map-style
+        data (every rank knows the step count) and before each step for iterable data (see
+        phalanx.train.loop_control)."""
         train = self.config.train
         sampler = loader.sampler if isinstance(loader.sampler, GlobalOrderSampler) else None
         known = common_steps_left(sampler, train.grad_accum) if sampler is not None else None
@@ -277,8 +276,10 @@ class Trainer:
                 self._beat("sync")
                 if not self._loop.before_step(has_data=len(batches) == train.grad_accum):
                     break
-            if self.stop_requested:
-                return False
+                if self.stop_requested:
+                    return False
+            else:
+                self._loop.post()
             self._step(batches)
             taken, micro_steps = taken + 1, micro_steps + len(batches)
             if sampler is not None:
@@ -289,14 +290,12 @@ class Trainer:
                 feed.prefetch()  # the next step's batches, copied while this step computes
             if known is not None:
                 self._beat("sync")
-                self._loop.exchange()
+                self._loop.read()
             self._after_step()
             if self.stop_requested:
                 return False
         else:
-            self._loop.settle()
             return False  # max_steps reached: the epoch continues from here on a resume
-        self._loop.settle()
         self.state.epoch += 1
         self.state.global_index = 0
         if not train.eval_every:
