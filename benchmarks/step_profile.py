@@ -246,7 +246,8 @@ def run_trainer(args: argparse.Namespace, d: Any, cfg: Any, window: StepWindow) 
     clock.watch_optimizer(trainer.optimizer)
     # Thin timers on the Trainer's parts, on these instances only (phalanx's code is unchanged).
     for obj, attr, name in (
-        (trainer._loop, "exchange", "control flags, posted/read (LoopControl.exchange)"),
+        (trainer._loop, "post", "control flags posted (LoopControl.post)"),
+        (trainer._loop, "read", "control verdict read (LoopControl.read)"),
         (trainer._loop, "before_step", "control all-reduce, blocking (iterable data)"),
         (trainer.precision, "backward", "backward"),
         (trainer.guard, "observe_loss", "guard.observe_loss"),

@@ -10,7 +10,10 @@ verdict after the same step, so all stop together, after the step that was in fl
 the request came (a blocking agreement would stop before it).
 
 Iterable data: `before_step()` is the blocking agreement, since a rank that entered a step
-without data would leave the others hanging in the gradient all-reduce.
+without data would leave the others hanging in the gradient all-reduce. The process's first
+step agrees before the step for map-style data too: hang detection exempts the first step's
+compute (compilation), so a rank stuck on its first batch must leave its peers waiting in
+this agreement, where the watchdog sees them, not inside the exempt step.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class LoopControl:
         self._pending: PendingAgreement | None = None
         self._posted_write: int | None = None  # the save in flight the posted flags were about
         self.stop_requested = False
+        self.blocking = True  # until the first before_step(): see the module docstring
         self.signalled: Callable[[], bool] = lambda: False
 
     def _wants_stop(self) -> bool:
@@ -37,7 +41,7 @@ class LoopControl:
 
     def before_step(self, *, has_data: bool) -> bool:
         """Blocking agreement; False when some rank has no data left (and no stop is agreed)."""
-        checkpointer = self._checkpointer
+        checkpointer, self.blocking = self._checkpointer, False
         agreed = self._control.agree(
             has_data=has_data, stop=self._wants_stop(), writing=checkpointer.writing
         )

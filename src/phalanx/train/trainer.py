@@ -22,7 +22,6 @@ from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.data.seeding import seed_everything
 from phalanx.dist.process_group import Dist
 from phalanx.errors import UsageError
-from phalanx.lifecycle.hang import HangWatch
 from phalanx.lifecycle.preemption import PreemptionWatcher, RunInterrupted
 from phalanx.track import Tracking
 from phalanx.train.callbacks import Callback
@@ -39,7 +38,7 @@ from phalanx.train.progress import Throughput, peak_flops, progress_line
 from phalanx.train.step import StepFn, StepParts, optimizer_step, sync_debug
 from phalanx.train.strategy import explain_ddp_oom, unwrap, wrap_model
 from phalanx.train.tracking import end_tracking, start_tracking
-from phalanx.train.watchdog import start_hang_watch
+from phalanx.train.watchdog import HangBeats
 
 log = logging.getLogger("phalanx.train")
 
@@ -98,22 +97,13 @@ class Trainer:
         train, handle = self.config.train, self.handle
         seed_everything(train.seed, rank=self.env.rank)
         self.model = wrap_model(
-            model,
-            handle,
-            strategy=train.strategy,
-            compile=train.compile,
-            static_graph=train.ddp_static_graph,
-            bucket_mb=train.ddp_bucket_mb,
-            fsdp_units=train.fsdp_units,
-            fsdp_reshard=train.fsdp_reshard_after_forward,
-            precision=train.precision,
-            activation_checkpointing=train.activation_checkpointing,
-            init_weights=init_weights,
-            seed=train.seed,
-            hsdp_shard_size=train.hsdp_shard_size,
-            pretrained=train.init_from or None,
-            pretrained_read=train.init_from_read,
-        )
+            model, handle, strategy=train.strategy, compile=train.compile,
+            static_graph=train.ddp_static_graph, bucket_mb=train.ddp_bucket_mb,
+            fsdp_units=train.fsdp_units, fsdp_reshard=train.fsdp_reshard_after_forward,
+            precision=train.precision, activation_checkpointing=train.activation_checkpointing,
+            init_weights=init_weights, seed=train.seed, hsdp_shard_size=train.hsdp_shard_size,
+            pretrained=train.init_from or None, pretrained_read=train.init_from_read,
+        )  # fmt: skip
         self.optimizer = build_optimizer(optimizer, self.model, train, self.env.world_size)
         self.scheduler = build_scheduler(scheduler, self.optimizer, train)
         self.precision = Precision(train.precision, handle.device)
@@ -158,7 +148,7 @@ class Trainer:
         self._watcher: PreemptionWatcher | None = None  # signal handlers live only in fit()
         self._loop = LoopControl(self._checkpointer)
         self._loop.signalled = lambda: self._watcher is not None and self._watcher.requested
-        self._hang: HangWatch | None = None  # the hang watchdog lives only in fit() too
+        self._hang = HangBeats()  # the hang watchdog lives only in fit() too
         self._tracking = Tracking([])  # opened by fit(), once the resume step is known
         self._total_steps = 0
         self.throughput = Throughput(
@@ -200,7 +190,7 @@ class Trainer:
             raise
         finally:
             # A stop may leave an async write uncommitted (no collective is safe here).
-            self._stop_hang_watch()
+            self._hang.stop()
             self._checkpointer.close(failed=outcome != "done")
             end_tracking(self._tracking, outcome=outcome, config=self.config, env=self.env,
                          run_dir=self.handle.run_dir)  # fmt: skip
@@ -235,7 +225,7 @@ class Trainer:
             finished_epoch = self._run_epoch(loader)
             if self.stop_requested:
                 break
-        self._stop_hang_watch()  # the final evaluation and saves may take long: not a hang
+        self._hang.stop()  # the final evaluation and saves may take long: not a hang
         if not finished_epoch and not self.config.train.eval_every:
             self.evaluate()  # stopped by max_steps inside an epoch: evaluate the final model
         if self.state.step % self.config.train.log_every:
@@ -272,7 +262,8 @@ class Trainer:
             self._beat("data")
             batches = feed.take()
             assert known is None or len(batches) == train.grad_accum, "common_steps_left"
-            if known is None:
+            blocking = known is None or self._loop.blocking
+            if blocking:
                 self._beat("sync")
                 if not self._loop.before_step(has_data=len(batches) == train.grad_accum):
                     break
@@ -288,9 +279,10 @@ class Trainer:
             more = not (self.max_steps and self.state.step >= self.max_steps)
             if more and (known is None or taken < known):
                 feed.prefetch()  # the next step's batches, copied while this step computes
-            if known is not None:
+            if not blocking:
                 self._beat("sync")
                 self._loop.read()
+                self._beat("after")
             self._after_step()
             if self.stop_requested:
                 return False
@@ -363,28 +355,20 @@ class Trainer:
 
     def _start_hang_watch(self) -> None:
         run_dir = self.handle.run_dir
-        self._hang = start_hang_watch(
+        self._hang.start(
             self.config.train.hang_timeout_s, env=self.env,
             report_dir=run_dir.diagnostics if run_dir is not None and not self.dry_run else None,
+            before_exit=self._checkpointer.kill_writer,
         )  # fmt: skip
-        if self._hang is not None:  # its os._exit skips the checkpoint writer's clean-up
-            self._hang.before_exit(self._checkpointer.kill_writer)
-
-    def _stop_hang_watch(self) -> None:
-        hang, self._hang = self._hang, None
-        if hang is not None:
-            hang.close()
 
     def _beat(self, phase: str) -> None:
-        if self._hang is not None:
-            self._hang.beat(self.state.step, phase)
+        self._hang.beat(self.state.step, phase)
 
     def _log(self) -> None:
         """A logging point: the only place training values reach the host."""
         values = self.metrics.compute()
         report = self.guard.maybe_stop()  # raises on every rank under nan_policy=stop
-        samples = values.pop("samples", 0.0)
-        values.update(self.throughput.measure(samples))
+        values.update(self.throughput.measure(values.pop("samples", 0.0)))
         values["nonfinite_steps"] = report.events
         if self.precision.scaler is not None:
             values["scaler_skips"] = int(self.precision.scaler_skips.item())
@@ -395,15 +379,9 @@ class Trainer:
         self._record(values)
         console = "console" in self.config.track.trackers
         if self.env.is_main_process and self.config.train.progress and console:
-            log.info(
-                progress_line(
-                    self.state.step,
-                    self._total_steps or None,
-                    self.state.epoch,
-                    values,
-                    self.throughput.eta(self._total_steps - self.state.step),
-                )
-            )
+            left = self._total_steps - self.state.step
+            log.info(progress_line(self.state.step, self._total_steps or None, self.state.epoch,
+                                   values, self.throughput.eta(left)))  # fmt: skip
         for cb in self.callbacks:
             cb.on_log(self, values)
 
