@@ -160,6 +160,9 @@ def trainer_config(args: argparse.Namespace, run_root: str) -> phalanx.TrainerCo
         f"train.log_every={args.warmup}", f"data.batch_size={args.batch_size}",
         "data.num_workers=0", "data.shuffle=false", "train.progress=false",
         "checkpoint.at_end=false", "track.plots=false", "track.trackers=jsonl",
+        # Horovod applies every update; so does `count` (skip/stop would mask non-finite ones,
+        # which with the non-fused SGD here costs a host read per step: phalanx warns of it).
+        "train.nan_policy=count",
         f"run.root={run_root}", "run.name=ddp",
     ]  # fmt: skip
     return load(phalanx.TrainerConfig, overrides=overrides)
