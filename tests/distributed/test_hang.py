@@ -37,7 +37,9 @@ def test_a_stuck_rank_is_named_and_every_rank_stops(tmp_path: Path) -> None:
     assert "no training progress for " in line
     assert "rank 1 (" in line and "in phase 'after' after step 5" in line
     assert "at ckpt_worker.py:" in line and "in on_step_end" in line  # the stuck line of code
-    assert "rank(s) 0 wait in 'sync' after step 5" in line
+    # Rank 0 went on into step 6 (the stop flags are agreed in the background) and waits in
+    # its gradient all-reduce.
+    assert "rank(s) 0 wait in 'step' after step 5" in line
     reports = list((run_dir / "diagnostics").glob("hang-*.txt"))
     assert len(reports) == 1 and str(reports[0]) in line
     text = reports[0].read_text()
