@@ -1,5 +1,7 @@
 """A hand-written loop with `phalanx.Checkpointer` (no Trainer) on the real SLURM cluster:
-`scancel --signal=USR2` -> checkpoint -> requeue -> resume, final weights bitwise equal."""
+`scancel --signal=USR2` -> checkpoint -> requeue -> resume, final weights bitwise equal.
+
+Also the srun mode's USR2 case: test_preemption.py runs the Trainer's only under torchrun."""
 
 from __future__ import annotations
 

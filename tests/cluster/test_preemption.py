@@ -2,6 +2,12 @@
 
 Each job trains the ckpt_worker (2 ranks, DataLoader workers, dropout, per-sample-seeded
 augmentation); rank 0 writes a marker at step 20, the test then signals the job as SLURM would.
+
+Each launch mode runs the cases that differ in it, not every case (each costs ~50 s of the
+2-core CI machine): torchrun per node the `scancel --signal=USR2` that torchrun must survive;
+srun the partition preemption, the time-limit signal and the plain scancel. The same USR2 path
+under srun, resumed bitwise, is test_hand_loop_preemption.py's job (the same PreemptionWatcher
+and Checkpointer.stop), and the workers' SIGTERM stop under torchrun is test_elastic.py's.
 """
 
 from __future__ import annotations
@@ -25,12 +31,11 @@ TRAIN = (
 pytestmark = pytest.mark.cluster
 
 
-EACH_LAUNCH_MODE = pytest.mark.parametrize(
-    "launch",
-    ["srun -n 2 --kill-on-bad-exit=1 python", "srun -n 1 phalanx run -n 2"],
-    ids=["srun", "torchrun"],
-)
-"""One task per rank, or one `phalanx run` (torchrun) per node."""
+SRUN = "srun -n 2 --kill-on-bad-exit=1 python"
+"""One task per rank: each gets SLURM's signals itself."""
+TORCHRUN = "srun -n 1 phalanx run -n 2"
+"""One `phalanx run` (torchrun) per node: the workers get SLURM's signals, torchrun must ignore
+USR2 (phalanx run sets that)."""
 
 
 def wait_for(path: Path, job_id: str, slurm: SlurmCluster, timeout: float = 60) -> None:
@@ -79,9 +84,11 @@ def training_past_step_20(
     return run_dir, job
 
 
-def reference(tmp_path: Path) -> Path:
-    """The same 2-rank training, never interrupted (phalanx run on this machine)."""
-    run_dir = tmp_path / "reference"
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same 2-rank training, never interrupted (phalanx run on this machine). Only read, and
+    checkpoint settings do not change training: one run serves every test of the module."""
+    run_dir = tmp_path_factory.mktemp("preemption") / "reference"
     result = run([str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, f"run.dir={run_dir}",
                   *TRAIN], timeout=240)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -109,12 +116,10 @@ of the step: they must survive the signal and write the stop checkpoint."""
 
 
 @pytest.mark.timeout(300)
-@EACH_LAUNCH_MODE
 def test_usr2_checkpoints_requeues_and_resumes_bitwise(
-    slurm: SlurmCluster, tmp_path: Path, launch: str
+    slurm: SlurmCluster, tmp_path: Path, reference: Path
 ) -> None:
-    ref = reference(tmp_path)
-    run_dir, job = training_past_step_20(slurm, tmp_path, launch, ASYNC_SAVES)
+    run_dir, job = training_past_step_20(slurm, tmp_path, TORCHRUN, ASYNC_SAVES)
     slurm.command(["scancel", "--signal=USR2", job])
     state = slurm.wait(job, 200)
     info = slurm.job(job)
@@ -124,7 +129,7 @@ def test_usr2_checkpoints_requeues_and_resumes_bitwise(
     stopped = starts[1] - 1
     assert f"stopped at step {stopped} by signal SIGUSR2" in output(tmp_path), output(tmp_path)
     assert "requeueing job" in output(tmp_path)
-    assert_same_final(run_dir, ref)
+    assert_same_final(run_dir, reference)
     ids = [json.loads(line)["step"] for line in (run_dir / "ids-rank-1.jsonl").open()]
     assert sorted(set(ids)) == list(range(1, 401))
 
@@ -133,7 +138,7 @@ def test_usr2_checkpoints_requeues_and_resumes_bitwise(
 def test_plain_scancel_checkpoints_and_ends_without_requeue(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    run_dir, job = training_past_step_20(slurm, tmp_path, "srun -n 2 --kill-on-bad-exit=1 python")
+    run_dir, job = training_past_step_20(slurm, tmp_path, SRUN)
     slurm.command(["scancel", job])
     state = slurm.wait(job, 60)
     info = slurm.job(job)
@@ -145,24 +150,17 @@ def test_plain_scancel_checkpoints_and_ends_without_requeue(
 
 
 IGNORE_USR2 = 'bash -c \'trap "" USR2; exec "$@"\' task'
-TIME_LIMIT_LAUNCH = {
-    "srun": f"srun -n 2 --kill-on-bad-exit=1 {IGNORE_USR2} python",
-    "torchrun": f"srun -n 1 --kill-on-bad-exit=1 {IGNORE_USR2} phalanx run -n 2",
-}
 
 
 @pytest.mark.timeout(220)
-@pytest.mark.parametrize("mode", ["srun", "torchrun"])
-def test_time_limit_signal_checkpoints_and_requeues(
-    slurm: SlurmCluster, tmp_path: Path, mode: str
-) -> None:
+def test_time_limit_signal_checkpoints_and_requeues(slurm: SlurmCluster, tmp_path: Path) -> None:
     """`--signal=USR2@50` on a 1-minute job: SLURM signals ahead of the limit, at a moment it
     chooses (here often within seconds of the start). The tasks start with USR2 ignored, as
     job scripts should: a signal during `import torch` would otherwise kill them before phalanx's
     handler exists. If it comes that early it is lost, and phalanx's own time-limit check
     (EndTime from scontrol, 10% margin) checkpoints and requeues instead."""
     run_dir = tmp_path / "run"
-    launch = TIME_LIMIT_LAUNCH[mode]
+    launch = f"srun -n 2 --kill-on-bad-exit=1 {IGNORE_USR2} python"
     script = "\n".join((
         "#!/bin/bash",
         f"#SBATCH --output={tmp_path}/job.out",
@@ -177,7 +175,7 @@ def test_time_limit_signal_checkpoints_and_requeues(
         f"{launch} {WORKER} run.dir={run_dir} {' '.join(TRAIN)} train.max_steps=100000",
         "",
     ))  # fmt: skip
-    job = slurm.sbatch(script, "-N1", f"--ntasks-per-node={2 if mode == 'srun' else 1}")
+    job = slurm.sbatch(script, "-N1", "--ntasks-per-node=2")
     try:
         deadline = time.monotonic() + 170
         while slurm.job(job).get("Restarts", "0") == "0":
@@ -196,12 +194,10 @@ def test_time_limit_signal_checkpoints_and_requeues(
 
 
 @pytest.mark.timeout(300)
-@EACH_LAUNCH_MODE
 def test_partition_preemption_requeues_and_resumes_bitwise(
-    slurm: SlurmCluster, tmp_path: Path, launch: str
+    slurm: SlurmCluster, tmp_path: Path, reference: Path
 ) -> None:
-    ref = reference(tmp_path)
-    run_dir, job = training_past_step_20(slurm, tmp_path, launch)
+    run_dir, job = training_past_step_20(slurm, tmp_path, SRUN)
     node = slurm.job(job)["NodeList"]
     high = slurm.sbatch("#!/bin/bash\ntrue\n", "-p", "high", "--exclusive", "-w", node,
                         f"--output={tmp_path}/high.out")  # fmt: skip
@@ -210,4 +206,4 @@ def test_partition_preemption_requeues_and_resumes_bitwise(
     info = slurm.job(job)
     assert state == "COMPLETED" and int(info.get("Restarts", "0")) >= 1, (info, output(tmp_path))
     assert "by signal SIGTERM" in output(tmp_path) and "requeueing job" in output(tmp_path)
-    assert_same_final(run_dir, ref)
+    assert_same_final(run_dir, reference)

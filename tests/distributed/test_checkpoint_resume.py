@@ -52,23 +52,24 @@ def committed_steps(checkpoints: Path) -> list[int]:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("sharded", ["false", "true"], ids=["full", "sharded"])
-def test_kill_9_then_resume_is_bitwise_equal(tmp_path: Path, sharded: str) -> None:
+def test_kill_9_then_resume_is_bitwise_equal(tmp_path: Path, dropout_reference: Path) -> None:
     # Dropout draws from the ranks' RNG streams: bitwise equality needs them restored too.
-    reference = reference_run(tmp_path, "model.dropout=0.1")
+    # The same kill and resume with full checkpoints (the default) is test_hang.py's
+    # test_restart_after_a_failure_resumes_bitwise[kill-9], with these checks after torchrun's
+    # restart; a fresh `phalanx run` resuming full checkpoints is the corrupt-checkpoint test's.
     run_dir = tmp_path / "run"
-    form = f"checkpoint.sharded={sharded}"
+    form = "checkpoint.sharded=true"
     code, _ = launch(run_dir, "model.dropout=0.1", "fail.kill_at_step=7", form)
     assert code != 0  # rank 0 killed itself with SIGKILL after step 7
     checkpoints = run_dir / "checkpoints"
     assert (checkpoints / "step-4" / "meta.json").exists()
     assert not (checkpoints / "step-8").exists()
-    assert (checkpoints / "step-4" / "sharded").is_dir() == (sharded == "true")
+    assert (checkpoints / "step-4" / "sharded").is_dir()
     code, err = launch(run_dir, "model.dropout=0.1", form)
     assert code == 0, err
     starts = (run_dir / "starts-rank-0.txt").read_text().split()
     assert starts == ["1", "5"]  # the first resumed step is checkpoint step + 1
-    assert_same_training(run_dir, reference)
+    assert_same_training(run_dir, dropout_reference)
 
 
 def assert_same_training(run_dir: Path, reference: Path) -> None:
@@ -82,12 +83,13 @@ def assert_same_training(run_dir: Path, reference: Path) -> None:
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("writer", ["process", "thread"])
-def test_async_saves_commit_when_written_and_resume_bitwise(tmp_path: Path, writer: str) -> None:
+def test_async_saves_commit_when_written_and_resume_bitwise(
+    tmp_path: Path, dropout_reference: Path, writer: str
+) -> None:
     # Saves at 4 and 8 are written in the background while training goes on; a step is
     # committed once every rank's write is done (at a later step boundary, or at the next
     # save at the latest). A resume from either must match a synchronous run bitwise: the
     # copy is taken at the save, not when the write happens.
-    reference = reference_run(tmp_path, "model.dropout=0.1")
     run_dir = tmp_path / "run"
     form = ("checkpoint.sharded=true", "checkpoint.async_save=true",
             f"checkpoint.async_writer={writer}")  # fmt: skip
@@ -101,7 +103,7 @@ def test_async_saves_commit_when_written_and_resume_bitwise(tmp_path: Path, writ
     assert code == 0, err
     starts = (run_dir / "starts-rank-0.txt").read_text().split()
     assert starts == ["1", str(done[-1] + 1)]
-    assert_same_training(run_dir, reference)
+    assert_same_training(run_dir, dropout_reference)
     assert committed_steps(checkpoints)[-1] == 12  # the end-of-training save is waited for
     # Step 12's regular async save is completed at the end, not written a second time.
     assert err.count("checkpoint step 12 written") == 1, err[-3000:]
@@ -139,10 +141,15 @@ def test_fsdp_kill_9_resume_is_bitwise_and_its_checkpoint_loads_on_one_rank(
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("sharded", ["false", "true"], ids=["full", "sharded"])
-def test_resume_on_one_rank_continues_at_the_same_sample(tmp_path: Path, sharded: str) -> None:
+def test_resume_on_one_rank_continues_at_the_same_sample(
+    tmp_path: Path, plain_reference: Path, sharded: str
+) -> None:
     # The same global batch (2 ranks x 4 = 1 rank x 8) from the reference's step-4 checkpoint;
-    # a sharded checkpoint written by 2 ranks is resharded for 1.
-    reference = reference_run(tmp_path, f"checkpoint.sharded={sharded}")
+    # a sharded checkpoint written by 2 ranks is resharded for 1. Full checkpoints are the
+    # default: that reference is the session's plain one.
+    reference = plain_reference
+    if sharded == "true":
+        reference = reference_run(tmp_path, "checkpoint.sharded=true")
     run_dir = tmp_path / "run"
     code, err = launch(run_dir, f"checkpoint.resume={reference}/checkpoints/step-4",
                        "data.batch_size=8", ranks=1)  # fmt: skip
@@ -159,8 +166,9 @@ def test_resume_on_one_rank_continues_at_the_same_sample(tmp_path: Path, sharded
 
 
 @pytest.mark.timeout(400)
-def test_preemption_signal_checkpoints_stops_and_resumes_exactly(tmp_path: Path) -> None:
-    reference = reference_run(tmp_path, "model.dropout=0.1")
+def test_preemption_signal_checkpoints_stops_and_resumes_exactly(
+    tmp_path: Path, dropout_reference: Path
+) -> None:
     run_dir = tmp_path / "run"
     result = run(
         [str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, f"run.dir={run_dir}", *COMMON,
@@ -180,7 +188,7 @@ def test_preemption_signal_checkpoints_stops_and_resumes_exactly(tmp_path: Path)
     code, err = launch(run_dir, "model.dropout=0.1")
     assert code == 0, err
     assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "8"]
-    final, expected = load(run_dir / "final.pt"), load(reference / "final.pt")
+    final, expected = load(run_dir / "final.pt"), load(dropout_reference / "final.pt")
     for name in expected:
         assert torch.equal(final[name], expected[name]), name
 
@@ -190,11 +198,12 @@ ASYNC_PROCESS = ("checkpoint.sharded=true", "checkpoint.async_save=true",
 
 
 @pytest.mark.timeout(400)
-def test_writer_process_survives_the_signals_that_stop_the_run(tmp_path: Path) -> None:
+def test_writer_process_survives_the_signals_that_stop_the_run(
+    tmp_path: Path, dropout_reference: Path
+) -> None:
     # SLURM signals every process of a job step: the checkpoint writer processes get the
     # preemption SIGTERM and SIGUSR2 too (at step 6, while step 4's write may still run).
     # They must live to write the stop checkpoint, and be gone when the run ends.
-    reference = reference_run(tmp_path, "model.dropout=0.1")
     run_dir = tmp_path / "run"
     code, err = launch(run_dir, "model.dropout=0.1", "fail.signal_all_at_step=6", *ASYNC_PROCESS)
     assert code != 0
@@ -203,7 +212,7 @@ def test_writer_process_survives_the_signals_that_stop_the_run(tmp_path: Path) -
     code, err = launch(run_dir, "model.dropout=0.1", *ASYNC_PROCESS)
     assert code == 0, err
     assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "8"]
-    assert_same_training(run_dir, reference)
+    assert_same_training(run_dir, dropout_reference)
 
 
 @pytest.mark.timeout(200)
@@ -227,8 +236,9 @@ def test_script_that_trains_at_import_gets_one_line_with_the_fix(tmp_path: Path)
 
 
 @pytest.mark.timeout(400)
-def test_corrupt_newest_checkpoints_fall_back_with_a_warning(tmp_path: Path) -> None:
-    reference = reference_run(tmp_path)  # checkpoints at steps 4, 8 and 12
+def test_corrupt_newest_checkpoints_fall_back_with_a_warning(
+    tmp_path: Path, plain_reference: Path
+) -> None:
     run_dir = tmp_path / "run"
     code, err = launch(run_dir)
     assert code == 0, err
@@ -245,6 +255,6 @@ def test_corrupt_newest_checkpoints_fall_back_with_a_warning(tmp_path: Path) -> 
     warnings = [line for line in err.splitlines() if "is unusable, skipped" in line]
     assert any("step-12" in w for w in warnings) and any("step-8" in w for w in warnings), err
     assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "5"]
-    final, expected = load(run_dir / "final.pt"), load(reference / "final.pt")
+    final, expected = load(run_dir / "final.pt"), load(plain_reference / "final.pt")
     for name in expected:
         assert torch.equal(final[name], expected[name]), name

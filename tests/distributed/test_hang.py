@@ -15,7 +15,6 @@ from tests.distributed.test_checkpoint_resume import (
     WORKER,
     assert_same_training,
     launch,
-    reference_run,
 )
 from tests.support.procs import VENV_BIN, base_env
 from tests.support.reap import descendants, kill_and_wait
@@ -123,15 +122,16 @@ def test_a_slow_rank_that_makes_progress_is_not_a_hang(tmp_path: Path) -> None:
     [("fail.hang_at_step=6", "train.hang_timeout_s=8"), ("fail.kill_at_step=7",)],
     ids=["hang", "kill-9"],
 )
-def test_restart_after_a_failure_resumes_bitwise(tmp_path: Path, fault: tuple[str, ...]) -> None:
+def test_restart_after_a_failure_resumes_bitwise(
+    tmp_path: Path, dropout_reference: Path, fault: tuple[str, ...]
+) -> None:
     # Fail fast, then recover: the hang stops every rank (exit 3) or rank 0 dies; torchrun
     # restarts the workers once and they resume from step-4 to the same final weights as a run
     # that never failed. The restarted ranks join through a store prefix of their own attempt.
-    reference = reference_run(tmp_path, "model.dropout=0.1")
     run_dir = tmp_path / "run"
     code, err = launch(run_dir, "model.dropout=0.1", *fault, run_args=("--max-restarts", "1"))
     assert code == 0, err
     hung = "fail.hang_at_step=6" in fault
     assert len(list((run_dir / "diagnostics").glob("hang-*.txt"))) == int(hung)
     assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "5"]
-    assert_same_training(run_dir, reference)
+    assert_same_training(run_dir, dropout_reference)

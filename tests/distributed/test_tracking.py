@@ -60,11 +60,18 @@ def assert_every_tracker_holds(run_dir: Path, expected: dict[int, float]) -> Non
     assert ids == {"wandb": run_id, "mlflow": mlrun.info.run_id}
 
 
-@pytest.mark.timeout(300)
-def test_each_tracker_stores_what_the_run_logged_from_rank_0_only(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of COMMON with every tracker, never interrupted; only read by the tests."""
+    run_dir = tmp_path_factory.mktemp("tracking") / "run"
     code, err = launch(run_dir)
     assert code == 0, err
+    return run_dir
+
+
+@pytest.mark.timeout(300)
+def test_each_tracker_stores_what_the_run_logged_from_rank_0_only(tracked: Path) -> None:
+    run_dir = tracked
     losses = train_losses(run_dir)
     assert sorted(losses) == list(range(1, 11))
     assert_every_tracker_holds(run_dir, losses)
@@ -92,10 +99,9 @@ def assert_png_has_curves(path: Path) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_kill_then_resume_leaves_every_step_once_with_the_resumed_values(tmp_path: Path) -> None:
-    reference = tmp_path / "reference"
-    code, err = launch(reference, "track.trackers=jsonl")
-    assert code == 0, err
+def test_kill_then_resume_leaves_every_step_once_with_the_resumed_values(
+    tmp_path: Path, tracked: Path
+) -> None:
     run_dir = tmp_path / "run"
     code, _ = launch(run_dir, "fail.kill_at_step=7")  # checkpoint at 5, SIGKILL after 7
     assert code != 0
@@ -103,7 +109,7 @@ def test_kill_then_resume_leaves_every_step_once_with_the_resumed_values(tmp_pat
     code, err = launch(run_dir)
     assert code == 0, err
     losses = train_losses(run_dir)  # steps 6 and 7 rewritten by the resumed run
-    assert losses == train_losses(reference)  # bitwise resume: the same values
+    assert losses == train_losses(tracked)  # bitwise resume: the same values
     assert len(wandb_runs(run_dir)) == 1 and len(next(iter(wandb_runs(run_dir).values()))) == 2
     assert_every_tracker_holds(run_dir, losses)
 
