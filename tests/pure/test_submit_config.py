@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from phalanx.errors import UsageError
-from phalanx.submit import Job, JobSection, SubmitConfig
+from phalanx.submit import EnvSection, Job, JobSection, SubmitConfig
+from phalanx.submit.config import with_absolute_paths
 from phalanx.submit.profiles import resolve_submit_config
 from phalanx.submit.render import command_line_options, header
 from phalanx.submit.snapshot import take
@@ -143,3 +144,37 @@ def test_env_artefacts_pin_what_runs_here_and_the_venv_job_parses(tmp_path: Path
     missing = run([*cli, "conda", "--requirements", str(tmp_path / "nope.txt")], timeout=60,
                   env=base_env())  # fmt: skip
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_relative_paths_are_taken_from_the_submit_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", "/home/me")
+    settings = ["env.kind=container", "env.image=images/phalanx.sif", "env.venv=~/venvs/demo",
+                "env.module_paths=modulefiles,/opt/modules", "env.binds=data:/data,/scratch",
+                "env.conda=envs/demo", "launch.python=.venv/bin/python", "code.dir=.."]  # fmt: skip
+    config = resolve_submit_config(config_file=None, profile=None, profiles_file=None,
+                                   overrides=settings, environ={})  # fmt: skip
+    env = config.env
+    assert env.image == f"{tmp_path}/images/phalanx.sif" and env.venv == "/home/me/venvs/demo"
+    assert env.module_paths == (f"{tmp_path}/modulefiles", "/opt/modules")
+    assert env.binds == (f"{tmp_path}/data:/data", "/scratch")  # the container side as given
+    assert env.conda == f"{tmp_path}/envs/demo"
+    assert config.launch.python == f"{tmp_path}/.venv/bin/python"
+    assert config.code.dir == str(tmp_path.parent)
+
+
+@pytest.mark.parametrize(
+    ("runtime", "image"),
+    [("apptainer", "docker://pytorch/pytorch:2.5.1"), ("apptainer", "library://u/c/img:1"),
+     ("singularity", "docker-archive:img.tar"), ("charliecloud", "pytorch:2.5"),
+     ("charliecloud", "stored-image")],
+)  # fmt: skip
+def test_image_references_and_names_stay_as_given(tmp_path: Path, runtime: str, image: str) -> None:
+    env = EnvSection(kind="container", runtime=runtime, image=image,  # type: ignore[arg-type]
+                     conda="demo", modules=("cuda/12.4",))  # fmt: skip
+    config = with_absolute_paths(SubmitConfig(env=env), tmp_path)
+    assert (config.env.image, config.env.conda, config.env.modules) == (
+        image, "demo", ("cuda/12.4",))  # fmt: skip
+    assert config.launch.python == "python"  # a name looked up on PATH

@@ -6,6 +6,7 @@ then read the diff of tests/golden/submit/ before committing it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 from pathlib import Path
@@ -15,7 +16,13 @@ import pytest
 
 from phalanx.errors import UsageError
 from phalanx.submit import Job, SubmitConfig, render
-from phalanx.submit.config import EnvSection, JobSection, LaunchSection, time_limit_s
+from phalanx.submit.config import (
+    EnvSection,
+    JobSection,
+    LaunchSection,
+    time_limit_s,
+    with_absolute_paths,
+)
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "submit"
 RUN_DIR = Path("/scratch/runs/demo-20261126-120000")
@@ -138,3 +145,18 @@ def test_signal_lead_is_capped_at_a_tenth_of_a_short_time_limit() -> None:
     assert JobSection(time="12:00:00").effective_signal == "USR2@180"
     assert JobSection(time="3").effective_signal == "USR2@18"  # not at the job's start
     assert "#SBATCH --signal=USR2@18\n" in render(job_for("srun", {}, time="3"))
+
+
+def test_relative_paths_are_absolute_in_the_script_and_uris_are_not(tmp_path: Path) -> None:
+    def script(**env: Any) -> str:
+        job = job_for("srun", {"modules": ("cuda/12.4",), "module_paths": ("modulefiles",), **env})
+        return render(dataclasses.replace(job, config=with_absolute_paths(job.config, tmp_path)))
+
+    sif = script(kind="container", image="phalanx.sif", binds=("data",))
+    assert f"apptainer exec --nv --bind {RUN_DIR},{tmp_path}/data --pwd" in sif
+    assert f" {tmp_path}/phalanx.sif python train.py" in sif
+    assert f"module use {tmp_path}/modulefiles\n" in sif
+    venv = script(kind="venv", venv="venvs/my env")
+    assert f"source '{tmp_path}/venvs/my env/bin/activate'\n" in venv  # absolute, still quoted
+    uri = script(kind="container", image="docker://pytorch/pytorch:2.5.1-cuda12.4")
+    assert " docker://pytorch/pytorch:2.5.1-cuda12.4 python train.py" in uri

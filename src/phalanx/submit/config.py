@@ -2,13 +2,16 @@
 
 Sources, later wins: the defaults here < `--config` YAML file < a `--profile` of the profiles
 file < command-line flags. Every value that ends in an `#SBATCH` line is checked for newlines;
-every other value is shell-quoted by the renderer.
+every other value is shell-quoted by the renderer. Local paths are made absolute against the
+directory `phalanx submit` runs in (with_absolute_paths): the job starts elsewhere.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal
 
 from phalanx.config.schema import check_choice
@@ -23,6 +26,8 @@ Snapshot = Literal["copy", "none"]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
 _SIGNAL = re.compile(r"^(B:)?(R:)?[A-Z0-9]+(@\d+)?$")
+# docker://, library://, oras://, docker-archive:, a charliecloud name:tag: not local paths.
+_IMAGE_REF = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 def time_limit_s(text: str) -> int:
@@ -158,7 +163,8 @@ class EnvSection:
     conda: str = ""
     """Name or path of a conda environment to activate (kind=conda)."""
     image: str = ""
-    """Container image: a .sif file, or a directory for charliecloud (kind=container)."""
+    """Container image: a .sif file, or a directory for charliecloud, or a URI such as
+    docker://… (kind=container)."""
     runtime: Runtime = "apptainer"
     """Container runtime: apptainer, singularity or charliecloud."""
     binds: tuple[str, ...] = ()
@@ -217,3 +223,46 @@ class SubmitConfig:
     """Software environment."""
     code: CodeSection = field(default_factory=CodeSection)
     """Code snapshot."""
+
+
+def local_path(value: str, base: Path) -> str:
+    """A path as the job must see it: `~` expanded, a relative one taken from `base`."""
+    if not value:
+        return value
+    return os.path.normpath(base / Path(value).expanduser())
+
+
+def _maybe_path(value: str, base: Path) -> str:
+    """A value that is a path only when it looks like one (a conda env, the interpreter)."""
+    return local_path(value, base) if "/" in value or value.startswith("~") else value
+
+
+def _image(env: EnvSection, base: Path) -> str:
+    if _IMAGE_REF.match(env.image):
+        return env.image
+    if env.runtime == "charliecloud" and "/" not in env.image and not (base / env.image).exists():
+        return env.image  # the name of an image in ch-image's storage
+    return local_path(env.image, base)
+
+
+def _bind(item: str, base: Path) -> str:
+    source, sep, target = item.partition(":")  # SRC[:DST[:OPTS]]: DST lives in the container
+    return local_path(source, base) + sep + target
+
+
+def with_absolute_paths(config: SubmitConfig, base: Path) -> SubmitConfig:
+    """The config with every local path absolute, taken from `base` (the submit directory):
+    the job script `cd`s into the code snapshot before it launches. URIs, module and conda
+    names stay as given."""
+    env = config.env
+    env = replace(
+        env,
+        image=_image(env, base),
+        venv=local_path(env.venv, base),
+        conda=_maybe_path(env.conda, base),
+        module_paths=tuple(local_path(p, base) for p in env.module_paths),
+        binds=tuple(_bind(b, base) for b in env.binds),
+    )
+    launch = replace(config.launch, python=_maybe_path(config.launch.python, base))
+    code = replace(config.code, dir=local_path(config.code.dir, base))
+    return replace(config, env=env, launch=launch, code=code)

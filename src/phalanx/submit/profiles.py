@@ -16,7 +16,7 @@ from typing import Any
 from phalanx.config.coerce import build
 from phalanx.config.loader import merge, parse_override, read_yaml
 from phalanx.errors import UsageError
-from phalanx.submit.config import SubmitConfig
+from phalanx.submit.config import SubmitConfig, with_absolute_paths
 
 
 def profiles_path(explicit: str | None, environ: Mapping[str, str]) -> Path:
@@ -57,12 +57,14 @@ def resolve_submit_config(
     profiles_file: str | None,
     overrides: Iterable[str],
     environ: Mapping[str, str],
+    base: Path | None = None,
 ) -> SubmitConfig:
-    """defaults < config file < profile < overrides (flags become overrides too)."""
+    """defaults < config file < profile < overrides (flags become overrides too); relative
+    paths in any of them are taken from `base` (default: the current directory)."""
     data: dict[str, Any] = read_yaml(config_file) if config_file else {}
     if profile:
         data = deep_merge(data, read_profile(profiles_path(profiles_file, environ), profile))
     for token in overrides:
         path, value = parse_override(token, SubmitConfig)
         data = merge(data, path, value)
-    return build(SubmitConfig, data)
+    return with_absolute_paths(build(SubmitConfig, data), base or Path.cwd())

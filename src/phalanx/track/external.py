@@ -107,7 +107,9 @@ class MlflowTracker:
 
         if uri.startswith("file:"):
             # MLflow 3 keeps its file store behind this switch; a run directory is the natural
-            # local store (mlflow-skinny has no SQL backend).
+            # local store (mlflow-skinny has no SQL backend). MLflow reads it from os.environ
+            # whenever it builds a FileStore (no argument exists): scoping it would rest on its
+            # private per-URI store cache, so it stays set for this process.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri)
         self.experiment, self.run_name = experiment, name
