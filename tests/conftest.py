@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-# Seconds per layer on the 2-core CI machine; the whole suite takes ~29 minutes there. The dist
+# Seconds per layer on the 2-core CI machine; the whole suite takes ~26 minutes there. The dist
 # layer measured 548-675 s once the async-writer tests came, and 1007 s (cluster 666 s) in a
 # fresh-clone CI run after the fork-safety, start-up and elastic tests (2026-11-26, session 5):
 # 1200 leaves room for a loaded machine without hiding a test that suddenly takes minutes.
