@@ -2,6 +2,7 @@
 
     python benchmarks/step_overhead.py --peer PATH/peer_step.py [--worlds 1 2] [--reps 5]
         [--modes raw phalanx fabric accelerate] [--compile] [--out benchmarks/results/...json]
+        [--budget-s S]   # on a lent GPU machine: stop in time, runs so far in OUT.runs.jsonl
     python benchmarks/step_overhead.py --peer PATH/peer_step.py --cpu     # development mode
 
 Every repetition runs each (world, mode) once, in a fresh torchrun, interleaved, so drift hits
@@ -19,6 +20,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -90,13 +92,22 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["raw", "phalanx", "fabric", "accelerate"])
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--cpu", action="store_true", help="tiny GPT on CPU, hand vs phalanx")
+    parser.add_argument(
+        "--budget-s", type=float, default=0, help="start no repetition after this many seconds"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/step_overhead.json"))
     args = parser.parse_args()
     modes = ["hand", "phalanx"] if args.cpu else args.modes
     baseline = "hand" if args.cpu else "raw"
     samples = {w: {m: [] for m in modes} for w in args.worlds}
     runs: list[dict[str, Any]] = []
+    started = time.monotonic()
+    partial = args.out.with_suffix(".runs.jsonl")  # each run as it ends: survives a cut-off
+    partial.parent.mkdir(parents=True, exist_ok=True)
     for rep in range(max(args.reps, 5)):
+        if args.budget_s and time.monotonic() - started > args.budget_s:
+            print(f"time budget spent: stopping before repetition {rep + 1}", flush=True)
+            break
         for world in args.worlds:
             for mode in modes:
                 out = run_once(command(args, world, mode), world, args.cpu)
@@ -104,6 +115,8 @@ def main() -> None:
                     samples[world][mode].append(out["step_ms"])
                     runs.append({"rep": rep, **out, "mode": mode})
                     print(json.dumps(runs[-1]), flush=True)
+                    with partial.open("a") as f:
+                        f.write(json.dumps(runs[-1]) + "\n")
     table = {w: summarise(samples[w], baseline) for w in args.worlds}
     print(
         f"\n{'world':>5} {'mode':<11}{'n':>3}{'median ms':>11}{'min..max ms':>17}"
