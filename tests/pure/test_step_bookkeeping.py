@@ -15,6 +15,7 @@ from phalanx.errors import UsageError
 from phalanx.train.feeding import DeviceFeed, common_steps_left
 from phalanx.train.guard import NanGuard
 from phalanx.train.metrics import FOLD_EVERY, Metrics
+from phalanx.train.progress import rate
 
 CPU = torch.device("cpu")
 
@@ -102,3 +103,8 @@ def test_device_feed_hands_over_steps_in_order_and_the_short_tail() -> None:
     assert feed.take() == [3, 4, 5]
     assert feed.take() == [6]
     assert feed.take() == []
+
+
+def test_progress_rates_read_without_exponents() -> None:
+    shown = [rate(v) for v in (0.5, 950.4, 9215.2, 10270, 99999, 999999, 1.25e6)]
+    assert shown == ["0.5", "950", "9215", "10.3k", "100k", "1M", "1.25M"]

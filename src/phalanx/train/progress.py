@@ -91,6 +91,17 @@ class Throughput:
         return out
 
 
+def rate(per_s: float) -> str:
+    """A throughput as people read it: 0.5, 950, 9215, 10.3k, 1.25M (never 1.027e+04)."""
+    if per_s < 10_000:
+        return f"{per_s:.0f}" if per_s >= 10 else f"{per_s:.3g}"
+    for div, suffix in ((1e3, "k"), (1e6, "M"), (1e9, "G")):
+        text = f"{per_s / div:.3g}"
+        if "e" not in text:  # 999.999k rounds to 1e+03: the next unit reads better
+            return text + suffix
+    return f"{per_s / 1e12:.3g}T"
+
+
 def progress_line(
     step: int, total: int | None, epoch: int, values: dict[str, Any], eta_s: float | None
 ) -> str:
@@ -99,9 +110,9 @@ def progress_line(
         if key in values:
             parts.append(f"{key} {values[key]:.4g}")
     if "samples_per_s" in values:
-        parts.append(f"{values['samples_per_s']:.4g} samples/s")
+        parts.append(f"{rate(values['samples_per_s'])} samples/s")
     if "tokens_per_s" in values:
-        parts.append(f"{values['tokens_per_s']:.4g} tokens/s")
+        parts.append(f"{rate(values['tokens_per_s'])} tokens/s")
     if "mfu" in values:
         parts.append(f"MFU {100 * values['mfu']:.1f}%")
     if eta_s is not None:
