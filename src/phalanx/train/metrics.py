@@ -114,13 +114,14 @@ class Metrics:
         device parts reach the host in one copy."""
         on_device = [n for n in names if self._series[n].folded is not None]
         folded = [self._series[n].folded for n in on_device]
-        device_values = torch.stack(folded).tolist() if folded else []  # type: ignore[arg-type]
+        copied = torch.stack(folded).tolist() if folded else []  # type: ignore[arg-type]
+        device_values = dict(zip(on_device, copied, strict=True))
         out: dict[str, float] = {}
         for name in names:
             series = self._series[name]
             value = series.host
-            if name in on_device:
-                value = _combine_host(series.kind, value, device_values[on_device.index(name)])
+            if name in device_values:
+                value = _combine_host(series.kind, value, device_values[name])
             neutral = {"min": float("inf"), "max": float("-inf")}.get(series.kind, 0.0)
             out[name] = neutral if value is None else value
         return out
