@@ -78,7 +78,10 @@ def summarise(samples: dict[str, list[float]], baseline: str) -> list[dict[str, 
                 "max_ms": max(values),
                 "stdev_ms": statistics.stdev(values) if len(values) > 1 else 0,
                 "overhead": over,
-                "goal_met": over <= max(0.01, 2 * sigma / base_med) if mode == "phalanx" else None,
+                # The goal is the median's overhead, not "inside the noise": a noisy
+                # host must not turn an +11% into a pass. The noise is reported beside it.
+                "goal_met": over <= 0.01 if mode == "phalanx" else None,
+                "within_2_sigma": abs(over) <= 2 * sigma / base_med,
             }
         )
     return rows
@@ -120,11 +123,13 @@ def main() -> None:
     table = {w: summarise(samples[w], baseline) for w in args.worlds}
     print(
         f"\n{'world':>5} {'mode':<11}{'n':>3}{'median ms':>11}{'min..max ms':>17}"
-        f"{'stdev':>8}{'overhead':>10}  goal"
+        f"{'stdev':>8}{'overhead':>10}  goal ≤ 1%"
     )
     for world, rows in table.items():
         for r in rows:
-            goal = "" if r["goal_met"] is None else ("OK" if r["goal_met"] else "MISSED")
+            goal = "" if r["goal_met"] is None else ("met" if r["goal_met"] else "MISSED")
+            if r["goal_met"] is not None and r["within_2_sigma"]:
+                goal += " (inside the baseline's 2σ)"
             print(
                 f"{world:>5} {r['mode']:<11}{r['n']:>3}{r['median_ms']:>11.2f}"
                 f"{r['min_ms']:>8.2f}..{r['max_ms']:<7.2f}{r['stdev_ms']:>8.2f}"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from phalanx.doctor.cli import cmd_doctor
-from phalanx.env import FIELDS, LAUNCHERS, detect, is_first_process
+from phalanx.env import FIELDS, LAUNCHERS, detect, reports_start_error
 from phalanx.errors import UsageError
 from phalanx.submit.cli import HANDLERS as JOB_HANDLERS
 from phalanx.submit.cli import add_parsers as add_job_parsers
@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except UsageError as error:
-        # The same mistake on every srun task or MPI rank: one line for the job, not one each.
-        if is_first_process(os.environ):
+        # The same mistake on every srun task: one line for the job, not one each.
+        if reports_start_error(os.environ):
             print(f"phalanx {args.command}: error: {error}", file=sys.stderr)
         return 2

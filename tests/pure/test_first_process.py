@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.env import is_first_process
+from phalanx.env import is_first_process, reports_start_error
 from tests.support.envtables import Env, hydra, openmpi, srun, torchrun
 
 
@@ -60,3 +60,21 @@ JOBS = {
 @pytest.mark.parametrize("environs", JOBS.values(), ids=JOBS.keys())
 def test_exactly_one_process_of_a_job_is_first(environs: list[Env]) -> None:
     assert [is_first_process(environ) for environ in environs].count(True) == 1
+
+
+SIBLING_KILLERS = {
+    name: JOBS[name] for name in ("plain-torchrun", "hydra", "torchrun-per-mpi-rank")
+}
+
+
+@pytest.mark.parametrize("environs", SIBLING_KILLERS.values(), ids=SIBLING_KILLERS.keys())
+def test_under_launchers_that_stop_the_rest_on_a_failure_every_process_reports(
+    environs: list[Env],
+) -> None:
+    # torchrun and mpirun kill the other processes when the first one exits with an error: a
+    # process that waited for rank 0 to print could lose the only line of the job.
+    assert all(reports_start_error(environ) for environ in environs)
+
+
+def test_srun_tasks_leave_the_report_to_the_first() -> None:
+    assert [reports_start_error(environ) for environ in JOBS["srun"]] == [True, False, False, False]
