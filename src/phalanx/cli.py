@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from phalanx.doctor.cli import cmd_doctor
-from phalanx.env import FIELDS, LAUNCHERS, detect, reports_start_error
+from phalanx.env import FIELDS, LAUNCHERS, detect, report_start_error
 from phalanx.errors import UsageError
 from phalanx.submit.cli import HANDLERS as JOB_HANDLERS
 from phalanx.submit.cli import add_parsers as add_job_parsers
@@ -254,7 +253,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except UsageError as error:
-        # The same mistake on every srun task: one line for the job, not one each.
-        if reports_start_error(os.environ):
-            print(f"phalanx {args.command}: error: {error}", file=sys.stderr)
+        # The same mistake on every srun task or torchrun worker: one line for the job.
+        report_start_error(f"phalanx {args.command}: error: {error}", os.environ)
         return 2

@@ -8,16 +8,13 @@ node's local rank 0 its diagnostics.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
 import faulthandler
-import json
 import logging
 import os
 import shutil
 import sys
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,7 +22,7 @@ from phalanx.config.schema import Config, DistConfig
 from phalanx.dist.collectives import barrier, broadcast_object
 from phalanx.dist.logging import setup_logging
 from phalanx.dist.process_group import Dist, init_group, shutdown
-from phalanx.env import ClusterEnv, is_first_process
+from phalanx.env import ClusterEnv, report_start_error
 from phalanx.errors import UsageError
 from phalanx.lifecycle.preemption import RunInterrupted
 from phalanx.rundir.diagnostics import write_diagnostics
@@ -117,27 +114,9 @@ def _start(config: Config | DistConfig | None) -> Dist:
     try:
         return init(config)
     except UsageError as error:
-        report_start_error(error, os.environ)
+        every_rank = getattr(error, "every_rank", False)
+        report_start_error(f"error: {error}", os.environ, every_rank=every_rank)
         raise SystemExit(2) from None
-
-
-def report_start_error(error: UsageError, environ: Mapping[str, str]) -> None:
-    """One line per job for an error that stops a run before it starts.
-
-    Such an error is the same on every process, so only the job's first process prints it
-    (phalanx.env.is_first_process); an error only this rank can report (it cannot reach rank
-    0) says so itself. Under torchrun every worker also writes the line into its error file,
-    which torchrun's failure summary shows instead of a link to its documentation.
-    """
-    line = f"error: {error}"
-    path = environ.get("TORCHELASTIC_ERROR_FILE")
-    if path:
-        # The layout of torch's own ErrorHandler.record_exception, minus the traceback.
-        record = {"message": {"message": line, "extraInfo": {"timestamp": str(int(time.time()))}}}
-        with contextlib.suppress(OSError):
-            Path(path).write_text(json.dumps(record))
-    if getattr(error, "every_rank", False) or is_first_process(environ):
-        print(line, file=sys.stderr, flush=True)
 
 
 def teardown(*, failed: bool, timeout_s: float = TEARDOWN_TIMEOUT_S) -> None:

@@ -5,9 +5,12 @@ Each case lists the environments of all processes of one job; exactly one must b
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from phalanx.env import is_first_process, reports_start_error
+from phalanx.env import is_first_process, prints_start_error, report_start_error
 from tests.support.envtables import Env, hydra, openmpi, srun, torchrun
 
 
@@ -62,19 +65,25 @@ def test_exactly_one_process_of_a_job_is_first(environs: list[Env]) -> None:
     assert [is_first_process(environ) for environ in environs].count(True) == 1
 
 
-SIBLING_KILLERS = {
-    name: JOBS[name] for name in ("plain-torchrun", "hydra", "torchrun-per-mpi-rank")
-}
+@pytest.mark.parametrize("name", ["hydra", "openmpi-in-sbatch", "torchrun-per-mpi-rank"])
+def test_under_mpirun_every_rank_prints(name: str) -> None:
+    # mpirun kills the other ranks when the first one exits with an error, and it has no
+    # error file: a rank that left the line to rank 0 could lose the only line of the job.
+    assert all(prints_start_error(environ) for environ in JOBS[name])
 
 
-@pytest.mark.parametrize("environs", SIBLING_KILLERS.values(), ids=SIBLING_KILLERS.keys())
-def test_under_launchers_that_stop_the_rest_on_a_failure_every_process_reports(
-    environs: list[Env],
+@pytest.mark.parametrize("name", ["srun", "plain-torchrun", "torchrun-across-nodes"])
+def test_under_srun_and_torchrun_only_the_first_prints(name: str) -> None:
+    # srun lets each task run to its end; torchrun shows the first failed worker's error file.
+    assert [prints_start_error(environ) for environ in JOBS[name]].count(True) == 1
+
+
+def test_the_line_reaches_torchruns_error_file_on_every_worker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # torchrun and mpirun kill the other processes when the first one exits with an error: a
-    # process that waited for rank 0 to print could lose the only line of the job.
-    assert all(reports_start_error(environ) for environ in environs)
-
-
-def test_srun_tasks_leave_the_report_to_the_first() -> None:
-    assert [reports_start_error(environ) for environ in JOBS["srun"]] == [True, False, False, False]
+    files = [tmp_path / f"error-{rank}.json" for rank in range(2)]
+    for rank, path in enumerate(files):
+        environ = {**torchrun(rank, rank, 2, 2), "TORCHELASTIC_ERROR_FILE": str(path)}
+        report_start_error("error: bad", environ)
+    assert [json.loads(p.read_text())["message"]["message"] for p in files] == ["error: bad"] * 2
+    assert capsys.readouterr().err == "error: bad\n"  # printed once, by rank 0

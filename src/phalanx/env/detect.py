@@ -108,14 +108,3 @@ def is_first_process(environ: Mapping[str, str]) -> bool:
     # A value that is no integer is the same on every process: it cannot tell them apart.
     values = [environ.get(name, "").strip() for name in names]
     return all(value == "0" or not value.isdigit() for value in values)
-
-
-def reports_start_error(environ: Mapping[str, str]) -> bool:
-    """True in each process that prints a start-up error.
-
-    One line for the job is the aim: the first process speaks for all. But torchrun and mpirun
-    stop every other process as soon as one exits with an error, so there the first process
-    may be killed before it prints (seen under load in CI): under them every process prints.
-    srun lets each task run to its end (unless --kill-on-bad-exit), so only the first does.
-    """
-    return is_first_process(environ) or is_torchrun(environ) or is_mpi(environ)
