@@ -105,15 +105,18 @@ def test_mpirun_over_two_nodes_without_mpi4py_or_master_addr_is_one_line(
     slurm: SlurmCluster, out: Path
 ) -> None:
     """One rank on each slurmd node (OpenMPI starts the remote one through srun): the ranks
-    cannot know rank 0's host, so the job stops at once with one line and exit code 2."""
+    cannot know rank 0's host, so the job stops at once with one line (per rank at most) and
+    exit code 2."""
     options = "--allow-run-as-root --oversubscribe --map-by node --timeout 60"
     body = f"mpirun {options} -np 2 {PYTHON} {WITHOUT_MPI4PY} {PROBE} {out}"
     job = run_job(slurm, out, body, "--nodes=2", "--ntasks-per-node=1", timeout=90)
     # mpirun passes on the exit code of the rank that failed first.
     assert job.state == "FAILED" and job.exit_code == "2:0", job
     output = job.stdout + job.stderr
+    # Every rank prints it: mpirun stops the others at the first failure, and a rank that
+    # left the line to rank 0 could lose it (phalanx/env/start_error.py).
     ours = [line for line in output.splitlines() if line.startswith("error: ")]
-    assert len(ours) == 1, job
+    assert 1 <= len(ours) <= 2 and set(ours) == {ours[0]}, job
     assert ours[0].startswith("error: mpirun runs 2 ranks on several nodes (1 on this one)"), job
     assert "pip install mpi4py" in ours[0] and "export MASTER_ADDR" in ours[0], job
     assert "Traceback" not in output, job

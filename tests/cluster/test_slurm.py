@@ -146,15 +146,19 @@ def test_launcher_inside_multi_task_step_is_refused(
         assert job.exit_code == "2:0", job
     else:
         # phalanx refuses inside each worker (detect()), before any rendezvous: one line for
-        # the job, from the worker that is rank 0 of task 0. Each torchrun agent still raises
-        # ChildFailedError with its own traceback and summary (which shows that line as the
-        # cause) and exits 1, so srun's exit code is 1, not 2.
+        # the job, from the worker that is rank 0 of task 0 (if it was not stopped first).
+        # Each torchrun agent still raises ChildFailedError with its own traceback and summary
+        # (which shows that line as the cause) and exits 1, so srun's exit code is 1, not 2.
+        # Each agent's summary shows its first failed worker's error file (the line); the
+        # printed line can be missing when the agent stopped that worker before it printed.
+        causes = re.findall(r"traceback : (error: .*)", output)
+        assert len(causes) >= 2 and set(causes) == {causes[0]}, job
+        assert "double spawn" in causes[0], job
         ours = [line for line in output.splitlines() if line.startswith("error: ")]
-        assert len(ours) == 1 and "double spawn" in ours[0], job
+        assert ours in ([], [causes[0]]), job
         assert set(EXCEPTION_LINE.findall(output)) == {
             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
         }, job
-        assert output.count(f"traceback : {ours[0]}") >= 2, job
         assert job.exit_code == "1:0", job
 
 
