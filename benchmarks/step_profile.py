@@ -265,14 +265,14 @@ def run_trainer(args: argparse.Namespace, d: Any, cfg: Any, window: StepWindow) 
         timed = clock.wrap(name, plain)
         timed.phx_plain = plain  # type: ignore[attr-defined]
         setattr(DeviceFeed, method, timed)
-    saved_norm = torch.nn.utils.get_total_norm
+    saved_norm = step_module.total_norm
     saved_masked = step_module.masked_step
-    torch.nn.utils.get_total_norm = clock.wrap("get_total_norm", saved_norm)
+    step_module.total_norm = clock.wrap("total_norm", saved_norm)
     step_module.masked_step = clock.wrap("masked_step (minus optimizer.step)", saved_masked)
     try:
         trainer.fit()
     finally:
-        torch.nn.utils.get_total_norm = saved_norm
+        step_module.total_norm = saved_norm
         step_module.masked_step = saved_masked
     # masked_step contains optimizer.step: keep only its own part.
     parts = clock.parts
@@ -336,7 +336,11 @@ def numel(shape: Any) -> int:
     return n  # a 0-dim tensor ([]) holds one element
 
 
-def analyse(prof: Any, window: int, sync_warnings: list[Any] | None) -> dict[str, Any]:
+def analyse(
+    prof: Any, window: int, sync_warnings: list[Any] | None, trace: Path | None = None
+) -> dict[str, Any]:
+    if trace is not None:  # a Chrome/Perfetto timeline of the window, for a look by eye
+        prof.export_chrome_trace(str(trace))
     events = list(prof.events())
     steps = sorted(
         (e.time_range.start, e.time_range.end) for e in events if e.name.startswith("ProfilerStep")
@@ -382,6 +386,7 @@ def analyse(prof: Any, window: int, sync_warnings: list[Any] | None) -> dict[str
     per = 1.0 / window
     return {
         "steps_profiled": len(steps),
+        **device_time(events, steps),
         "aten_ops_per_step": sum(n for k, n in ops.items() if k.startswith("aten::")) * per,
         "top_level_ops_per_step": sum(top_ops.values()) * per,
         "ops_per_step_median": statistics.median(per_step_ops) if per_step_ops else 0,
@@ -403,6 +408,62 @@ def analyse(prof: Any, window: int, sync_warnings: list[Any] | None) -> dict[str
     }
 
 
+def device_time(events: list[Any], steps: list[tuple[float, float]]) -> dict[str, Any]:
+    """Per step: wall time of the profiled steps, the time the device was busy (union of its
+    kernel/copy intervals) and its idle gaps over 50 us, each named by the part of the loop the
+    host was in when the gap ended (the kernel that ended it was launched then). Busy close to
+    wall = the GPU bounds the step; idle time = the host (or a sync) kept the GPU waiting."""
+    if not steps:
+        return {}
+    lo, hi = steps[0][0], steps[-1][1]
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type == torch.autograd.DeviceType.CUDA and lo <= e.time_range.start < hi
+    )
+    if not spans:
+        return {}
+    parts = [
+        (e.time_range.start, e.time_range.end, _part_name(e.name))
+        for e in events
+        if e.device_type != torch.autograd.DeviceType.CUDA and _part_name(e.name)
+    ]
+    busy, idle = 0.0, collections.Counter[str]()
+    run_start, run_end = spans[0]
+    for start, stop in spans[1:]:
+        if start <= run_end:  # overlaps the current busy run
+            run_end = max(run_end, stop)
+            continue
+        busy += run_end - run_start
+        if start - run_end > 50:
+            inside = [p for p in parts if p[0] <= start - 10 <= p[1]]
+            name = min(inside, key=lambda p: p[1] - p[0])[2] if inside else "(loop)"
+            idle[name] += start - run_end
+        run_start, run_end = start, stop
+    busy += run_end - run_start
+    n = len(steps)
+    return {
+        "step_wall_ms_profiled": (hi - lo) / n / 1e3,
+        "gpu_busy_ms_per_step": busy / n / 1e3,
+        "gpu_idle_gaps_over_50us_ms_per_step": sum(idle.values()) / n / 1e3,
+        "gpu_idle_gaps_by_host_part_ms_per_step": {
+            k: round(v / n / 1e3, 3) for k, v in idle.most_common(10)
+        },
+    }
+
+
+def _part_name(name: str) -> str:
+    if name.startswith("phx::"):
+        return name[len("phx::") :]
+    for prefix, part in (
+        ("Optimizer.step#", "optimizer.step"),
+        ("Optimizer.zero_grad#", "zero_grad"),
+    ):
+        if name.startswith(prefix):
+            return part
+    return ""
+
+
 def _dtype_size(dtype: str) -> int:
     text = str(dtype).lower()
     for key, size in (("64", 8), ("double", 8), ("long", 8), ("16", 2), ("half", 2)):
@@ -411,7 +472,9 @@ def _dtype_size(dtype: str) -> int:
     return 1 if ("bool" in text or "8" in text or "char" in text) else 4
 
 
-def profile_pass(args: argparse.Namespace, run: Callable[[StepWindow], None], device: Any) -> dict:
+def profile_pass(
+    args: argparse.Namespace, run: Callable[[StepWindow], None], device: Any, side: str
+) -> dict:
     from torch.profiler import ProfilerActivity, profile, schedule
 
     activities = [ProfilerActivity.CPU]
@@ -421,6 +484,10 @@ def profile_pass(args: argparse.Namespace, run: Callable[[StepWindow], None], de
     sync_warnings: list[Any] | None = [] if device.type == "cuda" else None
     window.sync_warnings = sync_warnings
     analysed: list[dict[str, Any]] = []
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    trace = args.trace / f"{side}_rank{rank}.json" if args.trace else None
+    if trace is not None:
+        trace.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with profile(
@@ -428,7 +495,7 @@ def profile_pass(args: argparse.Namespace, run: Callable[[StepWindow], None], de
             schedule=schedule(wait=args.warmup - 1, warmup=1, active=args.window, repeat=1),
             record_shapes=True,
             with_stack=True,
-            on_trace_ready=lambda p: analysed.append(analyse(p, args.window, sync_warnings)),
+            on_trace_ready=lambda p: analysed.append(analyse(p, args.window, sync_warnings, trace)),
         ) as prof:
             window.prof = prof
             run(window)
@@ -470,7 +537,7 @@ def worker(args: argparse.Namespace) -> None:
             for side, run in sides.items():
                 results[side].append(timing_pass(args, run, device))
         for side, run in sides.items():
-            profiles[side] = profile_pass(args, run, device)
+            profiles[side] = profile_pass(args, run, device, side)
         world = d.env.world_size
         if d.env.rank == 0:
             report(args, device, world, cfg, results, profiles)
@@ -507,6 +574,16 @@ def report(
          f"{trainer['ops_per_step_max']}"),
         ("device kernels / step", hand["kernels_per_step"], trainer["kernels_per_step"]),
     ]  # fmt: skip
+    if "gpu_busy_ms_per_step" in hand and "gpu_busy_ms_per_step" in trainer:
+        for key, label in (
+            ("step_wall_ms_profiled", "profiled step wall ms"),
+            ("gpu_busy_ms_per_step", "GPU busy ms"),
+            ("gpu_idle_gaps_over_50us_ms_per_step", "GPU idle (gaps > 50 us) ms"),
+        ):
+            rows.append((label, hand[key], trainer[key]))
+        for side in ("hand", "trainer"):
+            gaps = profiles[side]["gpu_idle_gaps_by_host_part_ms_per_step"]
+            print(f"{side}: GPU idle ms per step by the host part that ended the gap: {gaps}")
     for name in sorted(set(hand["collectives_per_step"]) | set(trainer["collectives_per_step"])):
         h = hand["collectives_per_step"].get(name, {"count": 0, "bytes": 0})
         t = trainer["collectives_per_step"].get(name, {"count": 0, "bytes": 0})
@@ -587,6 +664,20 @@ def extra_ops(hand: dict[str, Any], trainer: dict[str, Any], window: int) -> lis
     return sorted(rows, key=lambda r: -r["extra_per_step"])
 
 
+def _worker_args(argv: list[str]) -> list[str]:
+    """argv without --nproc: torchrun (2.13) reads an option of its script that abbreviates
+    one of its own (--nproc-per-node) as ambiguous and exits."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2)
@@ -599,6 +690,7 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--trace", type=Path, default=None, help="write Chrome traces here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="train.x=y for the Trainer only")
     args = parser.parse_args()
@@ -609,7 +701,7 @@ def main() -> None:
         return
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc_per_node={args.nproc}", __file__, "--worker", *sys.argv[1:],
+        f"--nproc_per_node={args.nproc}", __file__, "--worker", *_worker_args(sys.argv[1:]),
     ]  # fmt: skip
     env = dict(os.environ)
     if torch.cuda.is_available():  # one visible GPU per rank (phalanx refuses idle GPUs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,9 +14,10 @@ import torch
 from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.errors import UsageError
 from phalanx.train.feeding import DeviceFeed, common_steps_left
-from phalanx.train.guard import NanGuard
+from phalanx.train.guard import NanGuard, masked_step
 from phalanx.train.metrics import FOLD_EVERY, Metrics
 from phalanx.train.progress import rate
+from phalanx.train.step import total_norm
 
 CPU = torch.device("cpu")
 
@@ -88,6 +90,41 @@ def test_guard_counts_bad_steps_and_keeps_the_first() -> None:
     assert (report.events, report.first_step, report.loss_ranks) == (4, 2, [0])
 
 
+def test_guard_folds_its_verdicts_in_bounded_memory() -> None:
+    """A loop that never reports (a user's own) keeps at most FOLD_EVERY verdicts; the counts
+    come out the same as with a report at every step."""
+    folding, reporting = (NanGuard("count", CPU, rank=0, world_size=1) for _ in range(2))
+    folding.FOLD_EVERY = 3
+    bad_steps = {5, 9, 10}
+    for step in range(1, 12):
+        for guard in (folding, reporting):
+            guard.observe_loss(torch.tensor(float("nan") if step == 9 else 1.0))
+            norm = torch.tensor(float("inf") if step in bad_steps else 1.0)
+            verdict = guard.agree(norm, step, include_grads=True)
+            assert verdict.dtype == torch.float32 and float(verdict) == (step in bad_steps)
+        assert len(folding._verdicts) < 3
+        reporting.report()
+    assert folding.report() == reporting.report()
+    assert (folding.report().events, folding.report().first_step) == (3, 5)
+    assert folding.report().loss_ranks == [0]
+
+
+def test_guard_verdict_skips_a_fused_optimizer_update(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # torch's first optimizer step in a process sets TORCHINDUCTOR_CACHE_DIR
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    param = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([param], lr=0.1, fused=True)
+    guard = NanGuard("skip", CPU, rank=0, world_size=1)
+    for loss, want_change in ((float("nan"), False), (1.0, True)):
+        before = param.detach().clone()
+        param.grad = torch.full((3,), 0.5)
+        guard.observe_loss(torch.tensor(loss))
+        assert masked_step(opt, guard.agree(torch.tensor(0.9), 1, include_grads=True))
+        assert (not torch.equal(param.detach(), before)) is want_change
+
+
 def test_guard_without_events_reports_none() -> None:
     guard = NanGuard("stop", CPU, rank=0, world_size=1)
     guard.observe_loss(torch.tensor(0.5))
@@ -108,3 +145,18 @@ def test_device_feed_hands_over_steps_in_order_and_the_short_tail() -> None:
 def test_progress_rates_read_without_exponents() -> None:
     shown = [rate(v) for v in (0.5, 950.4, 9215.2, 10270, 99999, 999999, 1.25e6)]
     assert shown == ["0.5", "950", "9215", "10.3k", "100k", "1M", "1.25M"]
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a GPU"))]
+)  # fmt: skip
+def test_total_norm_is_torchs_to_the_bit(device: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(50, 7), (7,), (3, 5, 2), (1,), (128,)] * 6
+    grads = [torch.randn(s, generator=gen).to(device) * 10 ** (i % 5) for i, s in enumerate(shapes)]
+    assert torch.equal(total_norm(grads), torch.nn.utils.get_total_norm(grads))
+    mixed = [*grads[:3], grads[3].to(torch.float64)]  # torch's own path
+    assert torch.equal(total_norm(mixed), torch.nn.utils.get_total_norm(mixed))
+    grads[4][0] = float("nan")
+    assert total_norm(grads).isnan()

@@ -2,7 +2,7 @@
 
 Agreement: with DDP the gradients are already averaged, so a NaN gradient on one rank is a NaN
 global norm on every rank; a non-finite LOSS on one rank is added by one tiny device all-reduce
-(MAX of a 0/1 flag). No value reaches the host except at logging points.
+(MAX of a 0.0/1.0 flag). No value reaches the host except at logging points.
 
 Policies:
 - skip: the optimizer update is masked. Fused optimizers (Adam/AdamW/SGD with fused=True) take
@@ -37,50 +37,72 @@ class GuardReport:
 class NanGuard:
     """Per-step bookkeeping of non-finite values, kept on the device.
 
-    A step costs about ten tiny kernels and, with several ranks, one 1-byte all-reduce:
-    `observe_loss` only keeps a reference; `agree` checks the step's losses and gradient norm
-    and updates the counters in place (issue #17 counted ~20 launches before)."""
+    A step costs four tiny kernels and, with several ranks, one 4-byte all-reduce (issue #17
+    counted ~20 launches at first, ten before this): `observe_loss` only keeps a reference;
+    `agree` computes the step's verdict; the counters (events, first bad step, bad loss seen)
+    are folded from the kept verdicts at logging points, or every FOLD_EVERY steps in a loop
+    that never reports, so nothing grows without bound."""
 
     _NEVER = torch.iinfo(torch.int64).max  # first_step until a bad step is seen
+    FOLD_EVERY = 256
 
     def __init__(self, policy: str, device: torch.device, *, rank: int, world_size: int) -> None:
         if policy not in ("skip", "stop", "count"):
             raise UsageError(f"nan_policy={policy!r} is not one of: skip, stop, count")
         self.policy, self.rank, self.world_size = policy, rank, world_size
+        self.device = device
         self.events = torch.zeros((), dtype=torch.int64, device=device)
         self._first = torch.full((), self._NEVER, dtype=torch.int64, device=device)
         self.loss_bad_ever = torch.zeros((), dtype=torch.int64, device=device)
+        # found_inf values as fused optimizers take them: float32 whatever the default dtype.
+        self._zero = torch.zeros((), dtype=torch.float32, device=device)
+        self._one = torch.ones((), dtype=torch.float32, device=device)
         self._losses: list[torch.Tensor] = []
+        self._verdicts: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         """Remember a micro-batch loss of this rank for the step's check (no kernel, no sync)."""
         self._losses.append(loss.detach())
 
     def agree(self, grad_norm: torch.Tensor, step: int, *, include_grads: bool) -> torch.Tensor:
-        """The step's global verdict: a 0-dim bool tensor, True when any rank saw non-finite."""
+        """The step's global verdict: a 0-dim float32 tensor, 1.0 when any rank saw a
+        non-finite value, else 0.0 (the `found_inf` a fused optimizer skips its update by)."""
         losses, self._losses = self._losses, []
+        loss_ok: torch.Tensor | None = None
         if len(losses) == 1:
-            finite = torch.isfinite(losses[0]).reshape(())
+            loss_ok = torch.isfinite(losses[0]).reshape(())
         elif losses:
-            finite = torch.isfinite(torch.stack([t.reshape(()) for t in losses])).all()
-        else:  # no loss observed (a hand loop calling agree() alone)
-            finite = torch.ones((), dtype=torch.bool, device=self.events.device)
-        loss_bad = finite.logical_not_()
-        self.loss_bad_ever.logical_or_(loss_bad)
-        bad = loss_bad
+            loss_ok = torch.isfinite(torch.stack([t.reshape(()) for t in losses])).all()
+        ok = loss_ok
         if include_grads:
-            bad = torch.isfinite(grad_norm).logical_not_().logical_or_(loss_bad)
+            norm_ok = torch.isfinite(grad_norm).reshape(())
+            ok = norm_ok if loss_ok is None else norm_ok.logical_and_(loss_ok)
+        bad = self._zero.clone() if ok is None else torch.where(ok, self._zero, self._one)
         if dist.is_initialized() and self.world_size > 1:
-            flag = bad.to(torch.uint8)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            bad = flag.bool()
-        self.events.add_(bad)
-        torch.minimum(self._first, torch.where(bad, step, self._NEVER), out=self._first)
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        self._verdicts.append((step, bad, loss_ok))
+        if len(self._verdicts) >= self.FOLD_EVERY:
+            self._fold()
         return bad
+
+    def _fold(self) -> None:
+        """The kept verdicts added to the counters (a few launches for all of them)."""
+        if not self._verdicts:
+            return
+        steps, verdicts, loss_oks = zip(*self._verdicts, strict=True)
+        self._verdicts = []
+        bad = torch.stack(verdicts) > 0
+        self.events.add_(bad.sum())
+        at = torch.tensor(steps, dtype=torch.int64).to(self.device, non_blocking=True)
+        torch.minimum(self._first, torch.where(bad, at, self._NEVER).min(), out=self._first)
+        seen = [t for t in loss_oks if t is not None]
+        if seen:
+            self.loss_bad_ever.logical_or_(torch.stack(seen).all().logical_not_())
 
     @property
     def first_step(self) -> torch.Tensor:
         """The first step with a non-finite value; -1 when there was none."""
+        self._fold()
         return torch.where(self._first == self._NEVER, -1, self._first)
 
     @property
@@ -89,6 +111,7 @@ class NanGuard:
 
     def report(self) -> GuardReport:
         """Host read, at logging points: counts, first bad step and which ranks' loss was bad."""
+        self._fold()
         flags = [int(self.loss_bad_ever.item())]
         if dist.is_initialized() and self.world_size > 1:
             gathered = [torch.zeros_like(self.loss_bad_ever) for _ in range(self.world_size)]
@@ -120,7 +143,8 @@ def masked_step(optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> bool:
     if getattr(optimizer, "_step_supports_amp_scaling", False):
         # Fused optimizers read these attributes (GradScaler's protocol) and skip on device.
         optimizer.grad_scale = None  # type: ignore[attr-defined]
-        optimizer.found_inf = bad.to(torch.float32)  # type: ignore[attr-defined]
+        found = bad if bad.dtype == torch.float32 else bad.to(torch.float32)
+        optimizer.found_inf = found  # type: ignore[attr-defined]
         try:
             optimizer.step()
         finally:
