@@ -253,6 +253,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except UsageError as error:
-        # The same mistake on every srun task or torchrun worker: one line for the job.
+        # The same mistake on every process: phalanx.env.start_error decides who prints it.
         report_start_error(f"phalanx {args.command}: error: {error}", os.environ)
         return 2

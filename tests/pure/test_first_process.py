@@ -78,6 +78,18 @@ def test_under_srun_and_torchrun_only_the_first_prints(name: str) -> None:
     assert [prints_start_error(environ) for environ in JOBS[name]].count(True) == 1
 
 
+def test_under_srun_killing_on_a_bad_exit_every_task_prints() -> None:
+    # SLURM_KILL_BAD_EXIT=1 (phalanx submit's scripts): srun stops the other tasks when the
+    # first one fails, maybe before task 0 prints; torchrun workers inside keep their rule.
+    kill = {"SLURM_KILL_BAD_EXIT": "1"}
+    tasks = [{**environ, **kill} for environ in JOBS["srun"]]
+    assert all(prints_start_error(environ) for environ in tasks)
+    workers = [{**environ, **kill} for environ in JOBS["torchrun-across-nodes"]]
+    assert [prints_start_error(environ) for environ in workers].count(True) == 1
+    off = [{**environ, "SLURM_KILL_BAD_EXIT": "0"} for environ in JOBS["srun"]]
+    assert [prints_start_error(environ) for environ in off].count(True) == 1
+
+
 def test_the_line_reaches_torchruns_error_file_on_every_worker(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

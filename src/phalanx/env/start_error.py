@@ -5,7 +5,9 @@ process, so one process speaks for all. Which one depends on the launcher, becau
 mpirun stop every other process as soon as one exits with an error: rank 0 may be killed before
 it prints (seen in CI under load, where rank 1 exited first). Under torchrun each worker also
 writes the line into its error file, and torchrun's failure summary shows the first failed
-worker's file; mpirun has no such file, so there every rank prints.
+worker's file; mpirun has no such file, so there every rank prints. srun lets the other tasks
+finish unless it kills on a bad exit (`SLURM_KILL_BAD_EXIT=1`, as `phalanx submit` exports it;
+the `--kill-on-bad-exit` flag is invisible to the tasks): then every task prints, as under mpirun.
 """
 
 from __future__ import annotations
@@ -19,11 +21,19 @@ from pathlib import Path
 
 from phalanx.env.detect import is_first_process
 from phalanx.env.mpi import is_mpi
+from phalanx.env.slurm import is_slurm_step
+from phalanx.env.torchrun import is_torchrun
 
 
 def prints_start_error(environ: Mapping[str, str]) -> bool:
     """True in each process that prints a start-up error (see the module docstring)."""
-    return is_first_process(environ) or is_mpi(environ)
+    return is_first_process(environ) or is_mpi(environ) or _srun_kills_the_rest(environ)
+
+
+def _srun_kills_the_rest(environ: Mapping[str, str]) -> bool:
+    # Under torchrun inside srun the workers' error files carry the line (see above).
+    killing = environ.get("SLURM_KILL_BAD_EXIT", "").strip() == "1"
+    return killing and is_slurm_step(environ) and not is_torchrun(environ)
 
 
 def report_start_error(line: str, environ: Mapping[str, str], *, every_rank: bool = False) -> None:

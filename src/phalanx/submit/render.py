@@ -179,6 +179,10 @@ def launch(job: Job) -> list[str]:
         command = [*_mpirun(job), *IGNORE_USR2, *_container(job), *python, *program]
     if mode == "mpirun":  # its ranks have no SLURM step of their own to derive a port from
         lines.append("export MASTER_PORT=$((15000 + SLURM_JOB_ID % 15000))")
+    else:
+        # srun's --kill-on-bad-exit as a variable: srun reads it, and the tasks can see it, so
+        # each task prints a start-up error (srun may stop the first one before it prints).
+        lines.append("export SLURM_KILL_BAD_EXIT=1  # srun --kill-on-bad-exit, seen by tasks too")
     if cfg.env.kind == "container" and cfg.env.runtime == "charliecloud":
         lines.append('export USER="${USER:-$(id -un)}"  # ch-run refuses to start without it')
     return [*lines, " ".join(_quote(part) for part in command) + " &", 'wait "$!"']
@@ -192,7 +196,7 @@ def _quote(part: str) -> str:
 
 def _srun(tasks_per_node: int, cpus_per_task: int) -> list[str]:
     # srun stopped inheriting SLURM_CPUS_PER_TASK in 22.05: pass it explicitly.
-    command = ["srun", "--kill-on-bad-exit=1", f"--ntasks-per-node={tasks_per_node}"]
+    command = ["srun", f"--ntasks-per-node={tasks_per_node}"]
     return command + ([f"--cpus-per-task={cpus_per_task}"] if cpus_per_task else [])
 
 
