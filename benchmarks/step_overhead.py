@@ -7,7 +7,8 @@
 
 Every repetition runs each (world, mode) once, in a fresh torchrun, interleaved, so drift hits
 all modes alike. Prints median step time, spread (min..max, stdev) and overhead against the
-hand-written loop ("raw"; "hand" on CPU) per world size, and writes all samples as JSON.
+hand-written loop ("raw"; "hand" on CPU) per world size, and writes all samples as JSON; on a
+GPU machine each run also records its GPUs' SM clock, temperature and power (nvidia-smi, 5 Hz).
 Goal (issue 4): phalanx overhead <= max(1%, 2 sigma of the baseline) at 1 and 2 GPUs.
 """
 
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,14 +51,62 @@ def run_once(cmd: list[str], world: int, cpu: bool) -> dict[str, Any] | None:
     if not cpu:
         # One visible GPU per rank: phalanx refuses a node with more GPUs than ranks.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(world))
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False, env=env)
+    monitor = None if cpu or shutil.which("nvidia-smi") is None else GpuMonitor(world)
+    try:
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=900, check=False, env=env
+        )
+    finally:
+        gpus = monitor.stop() if monitor is not None else None
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         print(
             f"FAILED ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}", file=sys.stderr
         )
         return None
-    return json.loads(lines[-1])  # type: ignore[no-any-return]
+    out: dict[str, Any] = json.loads(lines[-1])
+    if gpus is not None:
+        out["gpu_monitor"] = gpus
+    return out
+
+
+class GpuMonitor:
+    """nvidia-smi sampled every 200 ms while one run lasts: per GPU the median SM clock, the
+    hottest temperature and the highest power draw. A run that lands in a slow state (issue #17:
+    some runs of every mode are 10-30% slower) can then be told apart by its GPU clocks."""
+
+    FIELDS = "index,clocks.sm,temperature.gpu,power.draw"
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
+             "-lms", "200"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+
+    def stop(self) -> dict[str, dict[str, float]]:
+        self.proc.terminate()
+        text, _ = self.proc.communicate(timeout=10)
+        seen: dict[str, list[list[float]]] = {}
+        for line in text.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) != 4 or not parts[0].isdigit() or int(parts[0]) >= self.world:
+                continue
+            try:
+                seen.setdefault(parts[0], []).append([float(p) for p in parts[1:]])
+            except ValueError:  # "[N/A]" on some boards
+                continue
+        return {
+            gpu: {
+                "sm_mhz_median": statistics.median(r[0] for r in rows),
+                "sm_mhz_min": min(r[0] for r in rows),
+                "temp_c_max": max(r[1] for r in rows),
+                "power_w_max": max(r[2] for r in rows),
+                "samples": len(rows),
+            }
+            for gpu, rows in seen.items()
+        }
 
 
 def summarise(samples: dict[str, list[float]], baseline: str) -> list[dict[str, Any]]:
