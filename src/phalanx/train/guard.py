@@ -50,7 +50,6 @@ class NanGuard:
         if policy not in ("skip", "stop", "count"):
             raise UsageError(f"nan_policy={policy!r} is not one of: skip, stop, count")
         self.policy, self.rank, self.world_size = policy, rank, world_size
-        self.device = device
         self.events = torch.zeros((), dtype=torch.int64, device=device)
         self._first = torch.full((), self._NEVER, dtype=torch.int64, device=device)
         self.loss_bad_ever = torch.zeros((), dtype=torch.int64, device=device)
@@ -93,7 +92,7 @@ class NanGuard:
         self._verdicts = []
         bad = torch.stack(verdicts) > 0
         self.events.add_(bad.sum())
-        at = torch.tensor(steps, dtype=torch.int64).to(self.device, non_blocking=True)
+        at = torch.tensor(steps, dtype=torch.int64, device=self.events.device)
         torch.minimum(self._first, torch.where(bad, at, self._NEVER).min(), out=self._first)
         seen = [t for t in loss_oks if t is not None]
         if seen:
