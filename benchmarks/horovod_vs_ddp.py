@@ -4,12 +4,15 @@ same model and batch trained by phalanx.Trainer with DDP; images/s per GPU withi
     torchrun --standalone --nproc_per_node=2 benchmarks/horovod_vs_ddp.py      # 2 GPUs, < 5 min
     phalanx run -n 2 benchmarks/horovod_vs_ddp.py --smoke                       # CPU, seconds
 
-Both sides run in the same processes, interleaved (shim, DDP, DDP, shim, ...) for --reps
-repetitions, so that clock drift and a neighbour's load hit both alike. Each repetition builds
-the model from seed 0 and trains --warmup untimed then --steps timed steps of one fixed batch
-per rank (SGD, lr 0.01 x world size, as examples/horovod/synthetic_benchmark.py): the shim
-through hvd.DistributedOptimizer, the Trainer through its own loop, whose data set yields only
-step indices (the batch is the same fixed tensor, so neither side pays for data loading). A
+Three sides run in the same processes, interleaved (the order rotates each repetition, so
+clock drift and a neighbour's load hit all alike) for --reps repetitions: the shim; the
+Trainer with `train.ddp_broadcast_buffers=false`, Horovod's semantics (each rank keeps its own
+BatchNorm statistics; the goal's comparison); and the Trainer with torch's default, which
+copies rank 0's buffers to every rank before each forward (priced here). Each repetition
+builds the model from seed 0 and trains --warmup untimed then --steps timed steps of one fixed
+batch per rank (SGD, lr 0.01 x world size, as examples/horovod/synthetic_benchmark.py): the
+shim through hvd.DistributedOptimizer, the Trainer through its own loop, whose data set yields
+only step indices (the batch is the same fixed tensor, so no side pays for data loading). A
 repetition's time is the slowest rank's. Rank 0 prints a table (median, spread, img/s per GPU)
 and writes JSON to benchmarks/results/.
 
@@ -40,6 +43,8 @@ from phalanx.config import load
 
 RESULTS = Path(__file__).parent / "results"
 ModelFactory = Callable[[], nn.Module]
+SIDES = ("shim", "ddp", "ddp_sync")
+"""ddp: buffers per rank, as Horovod; ddp_sync: rank 0's buffers broadcast each step (torch's)."""
 
 
 class SmallNet(nn.Module):
@@ -154,7 +159,9 @@ class Timer(phalanx.Callback[phalanx.Trainer]):
         self.marks[int(values["step"])] = time.perf_counter()
 
 
-def trainer_config(args: argparse.Namespace, run_root: str) -> phalanx.TrainerConfig:
+def trainer_config(
+    args: argparse.Namespace, run_root: str, broadcast_buffers: bool
+) -> phalanx.TrainerConfig:
     overrides = [
         "train.strategy=ddp", f"train.max_steps={args.warmup + args.steps}",
         f"train.log_every={args.warmup}", f"data.batch_size={args.batch_size}",
@@ -163,20 +170,22 @@ def trainer_config(args: argparse.Namespace, run_root: str) -> phalanx.TrainerCo
         # Horovod applies every update; so does `count` (skip/stop would mask non-finite ones,
         # which with the non-fused SGD here costs a host read per step: phalanx warns of it).
         "train.nan_policy=count",
+        f"train.ddp_broadcast_buffers={str(broadcast_buffers).lower()}",
         f"run.root={run_root}", "run.name=ddp",
     ]  # fmt: skip
     return load(phalanx.TrainerConfig, overrides=overrides)
 
 
 def run_ddp(
-    d: phalanx.Dist, build: ModelFactory, batch: Batch, args: argparse.Namespace, run_root: str
-) -> float:
+    d: phalanx.Dist, build: ModelFactory, batch: Batch, args: argparse.Namespace, run_root: str,
+    broadcast_buffers: bool,
+) -> float:  # fmt: skip
     """Seconds for args.steps steps of the same model and batch in phalanx.Trainer (DDP)."""
     torch.manual_seed(0)
     timer = Timer(d.device)
     world = d.env.world_size
     trainer = phalanx.Trainer(
-        d, config=trainer_config(args, run_root), model=build(),
+        d, config=trainer_config(args, run_root, broadcast_buffers), model=build(),
         optimizer=lambda p: torch.optim.SGD(p, lr=0.01 * world),
         train_data=StepIndices(args.batch_size * world * (args.warmup + args.steps + 1)),
         train_step=lambda model, _indices: batch.loss(model), callbacks=[timer],
@@ -196,14 +205,19 @@ def summary(seconds: list[float], args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def percent(side: dict[str, Any], base: dict[str, Any]) -> float:
+    return round(100 * (float(side["median"]) / float(base["median"]) - 1), 1)
+
+
 def report(results: dict[str, Any]) -> str:
-    rows = [f"{'':6}{'median img/s/GPU':>18}{'spread':>9}  per repetition"]
-    for name in ("shim", "ddp"):
+    rows = [f"{'':9}{'median img/s/GPU':>18}{'spread':>9}  per repetition"]
+    for name in SIDES:
         r = results[name]
         reps = " ".join(f"{v:.0f}" for v in r["img_per_s_per_gpu"])
-        rows.append(f"{name:6}{r['median']:>18.1f}{r['spread_pct']:>8.1f}%  {reps}")
+        rows.append(f"{name:9}{r['median']:>18.1f}{r['spread_pct']:>8.1f}%  {reps}")
     verdict = "within" if abs(results["shim_vs_ddp_pct"]) <= 5 else "NOT within"
     rows.append(f"shim vs DDP: {results['shim_vs_ddp_pct']:+.1f}% ({verdict} 5%)")
+    rows.append(f"shim vs DDP syncing buffers: {results['shim_vs_ddp_sync_pct']:+.1f}%")
     return "\n".join(rows)
 
 
@@ -231,13 +245,12 @@ def main() -> None:
         name, build, image = model_factory(args.model)
         batch = Batch(args.batch_size, image, d.device, d.env.rank)
         run_root = str(Path(tempfile.gettempdir()) / "phalanx-horovod-vs-ddp")  # not kept
-        seconds: dict[str, list[float]] = {"shim": [], "ddp": []}
+        seconds: dict[str, list[float]] = {side: [] for side in SIDES}
         for rep in range(args.reps):
-            order = ("shim", "ddp") if rep % 2 == 0 else ("ddp", "shim")
-            for side in order:
+            for side in SIDES[rep % 3 :] + SIDES[: rep % 3]:
                 took = (
                     run_shim(build, batch, args, d.device) if side == "shim"
-                    else run_ddp(d, build, batch, args, run_root)
+                    else run_ddp(d, build, batch, args, run_root, side == "ddp_sync")
                 )  # fmt: skip
                 seconds[side].append(took)
         if d.env.is_main_process:
@@ -250,7 +263,8 @@ def write(args: argparse.Namespace, model: str, d: phalanx.Dist, sides: dict[str
         **sides, "model": model, "batch_per_rank": args.batch_size, "warmup": args.warmup,
         "steps": args.steps, "reps": args.reps, "world_size": d.env.world_size, "device": device,
         "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-        "shim_vs_ddp_pct": round(100 * (sides["shim"]["median"] / sides["ddp"]["median"] - 1), 1),
+        "shim_vs_ddp_pct": percent(sides["shim"], sides["ddp"]),
+        "shim_vs_ddp_sync_pct": percent(sides["shim"], sides["ddp_sync"]),
     }  # fmt: skip
     print(report(results), flush=True)
     kind = "smoke" if args.smoke else f"{d.env.world_size}x{d.device.type}"

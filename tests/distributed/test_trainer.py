@@ -117,6 +117,14 @@ def test_metrics_reduce_across_ranks(tmp_path: Path) -> None:
     assert r["only0"] == 7.0
 
 
+@pytest.mark.timeout(120)
+def test_ddp_broadcast_buffers_copies_rank_0s_buffers_or_keeps_each_ranks(tmp_path: Path) -> None:
+    r = scenario(tmp_path, "buffers")
+    # Each forward writes 100 * rank + calls; the next forward finds rank 0's value or its own.
+    assert r["true"] == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]
+    assert r["false"] == [[0.0, 1.0, 2.0], [0.0, 101.0, 102.0]]
+
+
 @pytest.mark.timeout(300)
 def test_compiled_ddp_checkpoint_loads_into_an_eager_model(tmp_path: Path) -> None:
     r = scenario(tmp_path, "compile")

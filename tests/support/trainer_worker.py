@@ -244,6 +244,38 @@ def scenario_metrics(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     return metrics.compute()
 
 
+class BufferMark(nn.Module):
+    """Records its buffer as each training forward finds it, then writes 100 * rank + calls."""
+
+    value: torch.Tensor
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank, self.calls, self.seen = rank, 0, []  # type: tuple[int, int, list[float]]
+        self.register_buffer("value", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.seen.append(float(self.value))
+        self.value.fill_(100 * self.rank + self.calls)
+        return x
+
+
+def scenario_buffers(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    """What each rank's buffer holds when a forward starts, under both buffer settings."""
+    seen: dict[str, list[Any]] = {}
+    for sync in ("true", "false"):
+        mark = BufferMark(d.env.rank)
+        phalanx.Trainer(
+            d, config=config("train.max_steps=3", f"train.ddp_broadcast_buffers={sync}"),
+            model=nn.Sequential(make_model(), mark), train_data=regression_data(),
+            optimizer=lambda p: torch.optim.SGD(p, lr=0.05), train_step=mse_step,
+        ).fit()  # fmt: skip
+        seen[sync] = [None] * d.env.world_size
+        torch.distributed.all_gather_object(seen[sync], mark.seen)
+    return seen
+
+
 def scenario_compile(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any] | None:
     from phalanx.train import model_state_dict
 
@@ -349,6 +381,7 @@ SCENARIOS = {
     "gpu_sync": scenario_gpu_sync,
     "iterable": scenario_iterable,
     "fsdp": scenario_fsdp,
+    "buffers": scenario_buffers,
 }
 
 if __name__ == "__main__":

@@ -55,6 +55,10 @@ class TrainConfig:
     """DDP static_graph=True: faster when the graph never changes between steps."""
     ddp_bucket_mb: float = 25.0
     """DDP gradient bucket size in MiB."""
+    ddp_broadcast_buffers: bool = True
+    """DDP: copy rank 0's buffers (BatchNorm running statistics) to every rank before each
+    training forward, as torch does by default. false: each rank keeps its own (Horovod's
+    semantics) and a model with buffers saves one broadcast and a copy per buffer each step."""
     fsdp_units: tuple[str, ...] = ()
     """FSDP: class names of the modules sharded one by one (e.g. Block); empty: every child of
     every nn.ModuleList. Smaller units: lower peak memory, more collectives."""

@@ -81,6 +81,7 @@ def wrap_model(
     compile: bool = False,
     static_graph: bool = False,
     bucket_mb: float = 25.0,
+    broadcast_buffers: bool = True,
     fsdp_units: tuple[str, ...] = (),
     fsdp_reshard: bool = True,
     precision: str = "fp32",
@@ -129,6 +130,7 @@ def wrap_model(
         wrapped = DistributedDataParallel(
             model, device_ids=device_ids, gradient_as_bucket_view=True,
             static_graph=static_graph, bucket_cap_mb=bucket_mb,
+            broadcast_buffers=broadcast_buffers,
         )  # fmt: skip
     return _maybe_compile(wrapped, compile)
 

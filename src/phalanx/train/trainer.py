@@ -99,6 +99,7 @@ class Trainer:
         self.model = wrap_model(
             model, handle, strategy=train.strategy, compile=train.compile,
             static_graph=train.ddp_static_graph, bucket_mb=train.ddp_bucket_mb,
+            broadcast_buffers=train.ddp_broadcast_buffers,
             fsdp_units=train.fsdp_units, fsdp_reshard=train.fsdp_reshard_after_forward,
             precision=train.precision, activation_checkpointing=train.activation_checkpointing,
             init_weights=init_weights, seed=train.seed, hsdp_shard_size=train.hsdp_shard_size,
