@@ -26,6 +26,7 @@ CHECKS = (
     "alltoall_splits",
     "reducescatter_rows",
     "distributed_optimizer_passes_are_summed",
+    "distributed_optimizer_buckets_match_one_fused",
     "distributed_optimizer_synchronize_and_checks",
     "broadcast_optimizer_state_fresh_and_stepped",
     "join_contributes_zeros",

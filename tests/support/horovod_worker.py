@@ -176,6 +176,46 @@ def distributed_optimizer_passes_are_summed() -> None:
     same(fp16, expected_grad(n, 2), tol=1e-2)
 
 
+def bucketed_update(threshold_bytes: int) -> tuple[torch.Tensor, int]:
+    """Two summed passes through a 4-tensor model with this fusion threshold: the update,
+    and the number of buckets the optimizer cut."""
+    from phalanx.horovod.runtime import RUNTIME
+
+    saved, RUNTIME.fusion_threshold_bytes = RUNTIME.fusion_threshold_bytes, threshold_bytes
+    try:
+        torch.manual_seed(0)  # the same start on every rank and for every threshold
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        start = [p.detach().clone() for p in model.parameters()]
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=1.0), backward_passes_per_step=2
+        )
+        opt.zero_grad()
+        for x in batches(hvd.rank(), 2):
+            model(x).sum().backward()
+        opt.step()
+        now = list(model.parameters())
+        moved = [(s - p.detach()).reshape(-1) for s, p in zip(start, now, strict=True)]
+        return torch.cat(moved), len(opt._buckets)  # type: ignore[attr-defined]
+    finally:
+        RUNTIME.fusion_threshold_bytes = saved
+
+
+@check
+def distributed_optimizer_buckets_match_one_fused() -> None:
+    """One bucket per tensor (threshold 0), each started as backward completes it, in the
+    agreed order: the same update as one fused bucket, and as averaging by hand."""
+    many, cut = bucketed_update(0)
+    one, single = bucketed_update(128 << 20)
+    assert (cut, single) == (4, 1), (cut, single)
+    same(many, one, tol=1e-6)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    for x in batches(hvd.rank(), 2):
+        model(x).sum().backward()
+    grads = [hvd.allreduce(p.grad.reshape(-1)) for p in model.parameters() if p.grad is not None]
+    same(one, torch.cat(grads), tol=1e-6)
+
+
 @check
 def distributed_optimizer_synchronize_and_checks() -> None:
     model = torch.nn.Linear(3, 1, bias=False)

@@ -30,6 +30,9 @@ class _DistributedOptimizer:
 
     _buckets: list[Bucket]
     _passes_left: dict[torch.Tensor, int]
+    _bucket_of: dict[torch.Tensor, int]
+    _waiting: list[int]
+    """Per bucket: its parameters whose gradients are not complete yet (O(1) work per hook)."""
     _cursor: int
     _should_sync: bool
     _synchronized: bool
@@ -47,11 +50,10 @@ class _DistributedOptimizer:
                 "optimizer.step(); raise backward_passes_per_step to accumulate more passes"
             )
         self._passes_left[param] = left
-        while self._cursor < len(self._buckets):
-            bucket = self._buckets[self._cursor]
-            if any(self._passes_left[p] > 0 for p in bucket.params):
-                break
-            bucket.launch()
+        if left == 0:
+            self._waiting[self._bucket_of[param]] -= 1
+        while self._cursor < len(self._buckets) and self._waiting[self._cursor] == 0:
+            self._buckets[self._cursor].launch()
             self._cursor += 1
 
     def synchronize(self) -> None:
@@ -63,9 +65,13 @@ class _DistributedOptimizer:
             bucket.launch()
         for bucket in self._buckets:
             bucket.finish()
+        self._reset()
+        self._synchronized = True
+
+    def _reset(self) -> None:
         self._cursor = 0
         self._passes_left = dict.fromkeys(self._passes_left, self._passes)
-        self._synchronized = True
+        self._waiting = [len(bucket.params) for bucket in self._buckets]
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -143,9 +149,11 @@ def DistributedOptimizer(
     wrapped._buckets = plan_buckets(
         params, RUNTIME.fusion_threshold_bytes, compression, op, scaling
     )
+    wrapped._bucket_of = {p: i for i, b in enumerate(wrapped._buckets) for p in b.params}
     wrapped._passes = backward_passes_per_step
     wrapped._passes_left = dict.fromkeys(params, backward_passes_per_step)
-    wrapped._cursor, wrapped._should_sync, wrapped._synchronized = 0, True, False
+    wrapped._reset()
+    wrapped._should_sync, wrapped._synchronized = True, False
     for p in params:
         p.register_post_accumulate_grad_hook(wrapped._hook)
     return wrapped  # type: ignore[no-any-return]
