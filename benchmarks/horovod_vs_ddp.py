@@ -4,11 +4,12 @@ same model and batch trained by phalanx.Trainer with DDP; images/s per GPU withi
     torchrun --standalone --nproc_per_node=2 benchmarks/horovod_vs_ddp.py      # 2 GPUs, < 5 min
     phalanx run -n 2 benchmarks/horovod_vs_ddp.py --smoke                       # CPU, seconds
 
-Three sides run in the same processes, interleaved (the order rotates each repetition, so
-clock drift and a neighbour's load hit all alike) for --reps repetitions: the shim; the
-Trainer with `train.ddp_broadcast_buffers=false`, Horovod's semantics (each rank keeps its own
-BatchNorm statistics; the goal's comparison); and the Trainer with torch's default, which
-copies rank 0's buffers to every rank before each forward (priced here). Each repetition
+Four sides run in the same processes, interleaved (the order rotates each repetition, so
+clock drift and a neighbour's load hit all alike) for --reps repetitions: the shim; a hand loop
+on torch's DDP (what DDP itself costs); the Trainer with `train.ddp_broadcast_buffers=false`,
+Horovod's semantics (each rank keeps its own BatchNorm statistics; the goal's comparison); and
+the Trainer with torch's default, which copies rank 0's buffers to every rank before each
+forward (priced here). Each repetition
 builds the model from seed 0 and trains --warmup untimed then --steps timed steps of one fixed
 batch per rank (SGD, lr 0.01 x world size, as examples/horovod/synthetic_benchmark.py): the
 shim through hvd.DistributedOptimizer, the Trainer through its own loop, whose data set yields
@@ -36,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 import phalanx
 import phalanx.horovod as hvd
@@ -43,8 +45,9 @@ from phalanx.config import load
 
 RESULTS = Path(__file__).parent / "results"
 ModelFactory = Callable[[], nn.Module]
-SIDES = ("shim", "ddp", "ddp_sync")
-"""ddp: buffers per rank, as Horovod; ddp_sync: rank 0's buffers broadcast each step (torch's)."""
+SIDES = ("shim", "hand_ddp", "ddp", "ddp_sync")
+"""hand_ddp: a hand loop on torch's DDP; ddp: the Trainer, buffers per rank, as Horovod;
+ddp_sync: the Trainer, rank 0's buffers broadcast before each forward (torch's default)."""
 
 
 class SmallNet(nn.Module):
@@ -124,6 +127,30 @@ def run_shim(
         batch.loss(model).backward()  # type: ignore[no-untyped-call]
         optimizer.step()
 
+    return timed(step, args, device)
+
+
+def run_hand_ddp(
+    build: ModelFactory, batch: Batch, args: argparse.Namespace, device: torch.device
+) -> float:
+    """The same loop by hand on torch's DDP (buffers per rank, as the shim and the `ddp`
+    side): what DDP itself costs against the shim, apart from the Trainer's own work."""
+    torch.manual_seed(0)
+    ids = [device.index] if device.type == "cuda" else None
+    model = DistributedDataParallel(
+        build().to(device), device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True
+    )
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+
+    def step() -> None:
+        sgd.zero_grad()
+        batch.loss(model).backward()  # type: ignore[no-untyped-call]
+        sgd.step()
+
+    return timed(step, args, device)
+
+
+def timed(step: Callable[[], None], args: argparse.Namespace, device: torch.device) -> float:
     for _ in range(args.warmup):
         step()
     sync(device)
@@ -228,6 +255,9 @@ def report(results: dict[str, Any]) -> str:
         f"paired by repetition {results['shim_vs_ddp_paired_pct']:+.1f}%"
     )
     rows.append(f"shim vs DDP syncing buffers: {results['shim_vs_ddp_sync_pct']:+.1f}%")
+    rows.append(
+        f"hand DDP loop vs the Trainer's DDP: paired {results['hand_ddp_vs_ddp_paired_pct']:+.1f}%"
+    )
     return "\n".join(rows)
 
 
@@ -257,11 +287,14 @@ def main() -> None:
         run_root = str(Path(tempfile.gettempdir()) / "phalanx-horovod-vs-ddp")  # not kept
         seconds: dict[str, list[float]] = {side: [] for side in SIDES}
         for rep in range(args.reps):
-            for side in SIDES[rep % 3 :] + SIDES[: rep % 3]:
-                took = (
-                    run_shim(build, batch, args, d.device) if side == "shim"
-                    else run_ddp(d, build, batch, args, run_root, side == "ddp_sync")
-                )  # fmt: skip
+            turn = rep % len(SIDES)
+            for side in SIDES[turn:] + SIDES[:turn]:
+                if side == "shim":
+                    took = run_shim(build, batch, args, d.device)
+                elif side == "hand_ddp":
+                    took = run_hand_ddp(build, batch, args, d.device)
+                else:
+                    took = run_ddp(d, build, batch, args, run_root, side == "ddp_sync")
                 seconds[side].append(took)
         if d.env.is_main_process:
             write(args, name, d, {side: summary(s, args) for side, s in seconds.items()})
@@ -276,6 +309,7 @@ def write(args: argparse.Namespace, model: str, d: phalanx.Dist, sides: dict[str
         "shim_vs_ddp_pct": percent(sides["shim"], sides["ddp"]),
         "shim_vs_ddp_sync_pct": percent(sides["shim"], sides["ddp_sync"]),
         "shim_vs_ddp_paired_pct": paired(sides["shim"], sides["ddp"]),
+        "hand_ddp_vs_ddp_paired_pct": paired(sides["hand_ddp"], sides["ddp"]),
     }  # fmt: skip
     print(report(results), flush=True)
     kind = "smoke" if args.smoke else f"{d.env.world_size}x{d.device.type}"
