@@ -44,8 +44,8 @@ class Bucket:
         assert len(grads) == len(self.params)
         parts = torch.split(flat, [g.numel() for g in grads])
         with torch.no_grad():
-            # One multi-tensor launch instead of one copy per parameter: on a launch-bound step
-            # (ResNet-18: 62 parameters, ~12 ms) the per-parameter copies were ~4% of it.
+            # One multi-tensor launch instead of a Python loop of one copy per parameter (62
+            # kernel launches a step for ResNet-18, whose 12 ms GPU step is launch-bound).
             torch._foreach_copy_(grads, [v.view_as(g) for v, g in zip(parts, grads, strict=True)])
 
 
