@@ -12,6 +12,8 @@ import pytest
 import phalanx
 from phalanx.config import dump, load
 from phalanx.config.args import parse_args, wants_config
+from phalanx.config.training import TrainerConfig
+from phalanx.errors import UsageError
 from tests.support.config_probe import ProbeConfig
 from tests.support.procs import base_env
 
@@ -138,3 +140,29 @@ def test_the_hang_watchdog_is_on_by_default_and_below_the_collective_timeout() -
         load(phalanx.TrainerConfig, overrides=["dist.timeout_s=120"])
     assert "train.hang_timeout_s=300 must be below dist.timeout_s=120" in str(error.value)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["train.compile_mode=fast"], "train.compile_mode='fast' is not one of: default, "
+         "max-autotune-no-cudagraphs, max-autotune, reduce-overhead"),
+        (["train.compile_mode=max-autotune"],
+         "train.compile_mode=max-autotune needs train.compile=true; add it or drop the mode"),
+        (["train.compile=true", "train.compile_mode=reduce-overhead", "train.strategy=fsdp",
+          "checkpoint.sharded=true"],
+         "reduce-overhead \\(CUDA graphs\\) is not supported with train.strategy=fsdp; use "
+         "max-autotune-no-cudagraphs"),
+    ],
+)  # fmt: skip
+def test_compile_mode_errors_are_one_line(overrides: list[str], message: str) -> None:
+    with pytest.raises(UsageError, match=message) as error:
+        load(TrainerConfig, overrides=overrides)
+    assert "\n" not in str(error.value)
+
+
+def test_compile_mode_with_compile_loads() -> None:
+    overrides = ["train.compile=true", "train.compile_mode=max-autotune-no-cudagraphs"]
+    assert load(TrainerConfig, overrides=overrides).train.compile_mode == (
+        "max-autotune-no-cudagraphs"
+    )

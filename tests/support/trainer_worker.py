@@ -293,7 +293,15 @@ def scenario_compile(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any] | 
     eager.load_state_dict(torch.load(path, weights_only=True))
     with torch.no_grad():
         eager_out = eager(probe).flatten().tolist()
-    return {"keys": sorted(state), "compiled": compiled_out, "eager": eager_out}
+    tuned = config(
+        "data.batch_size=8", "train.max_steps=2", "train.compile=true",
+        "train.compile_mode=max-autotune-no-cudagraphs",
+    )  # fmt: skip
+    autotuned, _ = trainer_run(d, tuned, regression_data())
+    return {
+        "keys": sorted(state), "compiled": compiled_out, "eager": eager_out,
+        "default_params": flat_params(trainer.model), "tuned_params": flat_params(autotuned.model),
+    }  # fmt: skip
 
 
 def scenario_gpu_sync(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:

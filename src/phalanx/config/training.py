@@ -18,6 +18,8 @@ Precision = Literal["fp32", "bf16", "fp16"]
 Strategy = Literal["auto", "single", "ddp", "fsdp", "hsdp"]
 STRATEGIES = ("auto", "single", "ddp", "fsdp", "hsdp")
 SHARDED_STRATEGIES = ("fsdp", "hsdp")
+CompileMode = Literal["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"]
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 """Strategies whose parameters are DTensor shards (FSDP2): sharded checkpoints, an optimizer
 factory, no fp16."""
 NanPolicy = Literal["skip", "stop", "count"]
@@ -51,6 +53,10 @@ class TrainConfig:
     compile: bool = False
     """torch.compile the model (DDP: the DDP-wrapped module, so graphs split at buckets; FSDP:
     each unit's forward, the root stays eager and FSDP's hooks outside the graphs)."""
+    compile_mode: CompileMode = "default"
+    """torch.compile's mode with train.compile=true: default, max-autotune-no-cudagraphs
+    (autotuned kernels: a longer first step), max-autotune or reduce-overhead (both add CUDA
+    graphs: static shapes only). No measured speed-up yet (docs/benchmarks.md)."""
     ddp_static_graph: bool = False
     """DDP static_graph=True: faster when the graph never changes between steps."""
     ddp_bucket_mb: float = 25.0
@@ -109,6 +115,7 @@ class TrainConfig:
         check_choice("train.nan_policy", self.nan_policy, ("skip", "stop", "count"))
         check_choice("train.lr_scaling", self.lr_scaling, ("none", "linear"))
         check_choice("train.init_from_read", self.init_from_read, ("slices", "broadcast"))
+        check_compile_mode(self.compile_mode, compile=self.compile, strategy=self.strategy)
         checkpoint_every(self.activation_checkpointing)
         if self.strategy in SHARDED_STRATEGIES and self.precision == "fp16":
             raise UsageError(
@@ -133,6 +140,20 @@ class TrainConfig:
             ("train.hang_timeout_s", self.hang_timeout_s, 0),
         ):
             _at_least(key, value, low)
+
+
+def check_compile_mode(mode: str, *, compile: bool, strategy: str) -> None:
+    check_choice("train.compile_mode", mode, COMPILE_MODES)
+    if mode != "default" and not compile:
+        raise UsageError(
+            f"config train.compile_mode={mode} needs train.compile=true; add it or drop the mode"
+        )
+    if mode in ("max-autotune", "reduce-overhead") and strategy in SHARDED_STRATEGIES:
+        # FSDP2's collectives run in hooks between the compiled units, outside any graph.
+        raise UsageError(
+            f"config train.compile_mode={mode} (CUDA graphs) is not supported with "
+            f"train.strategy={strategy}; use max-autotune-no-cudagraphs"
+        )
 
 
 def checkpoint_every(setting: str) -> int:

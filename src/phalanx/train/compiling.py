@@ -22,12 +22,15 @@ from torch import nn
 from phalanx.train.fsdp import shard_units
 
 
-def compile_units(model: nn.Module, unit_names: tuple[str, ...]) -> list[nn.Module]:
-    """Compile the forward of every FSDP unit (as `unit_names` picks them) in place; a model
-    without units has only the root's forward compiled. Returns the compiled modules."""
+def compile_units(
+    model: nn.Module, unit_names: tuple[str, ...], mode: str = "default"
+) -> list[nn.Module]:
+    """Compile the forward of every FSDP unit (as `unit_names` picks them) in place, with
+    torch.compile's `mode`; a model without units has only the root's forward compiled.
+    Returns the compiled modules."""
     units = shard_units(model, unit_names) or [model]
     for unit in units:
-        unit.forward = torch.compile(unit.forward)
+        unit.forward = torch.compile(unit.forward, mode=mode)
     return units
 
 

@@ -79,6 +79,7 @@ def wrap_model(
     *,
     strategy: str,
     compile: bool = False,
+    compile_mode: str = "default",
     static_graph: bool = False,
     bucket_mb: float = 25.0,
     broadcast_buffers: bool = True,
@@ -110,7 +111,7 @@ def wrap_model(
     if chosen in SHARDED_STRATEGIES:
         mesh = hsdp_mesh(handle.env, hsdp_shard_size, handle.device) if chosen == "hsdp" else None
         if compile:  # per unit, before sharding (phalanx.train.compiling)
-            compile_units(model, fsdp_units)
+            compile_units(model, fsdp_units, compile_mode)
         if fresh:
             return shard_new_model(
                 model, device=handle.device, unit_names=fsdp_units, precision=precision,
@@ -132,7 +133,7 @@ def wrap_model(
             static_graph=static_graph, bucket_cap_mb=bucket_mb,
             broadcast_buffers=broadcast_buffers,
         )  # fmt: skip
-    return _maybe_compile(wrapped, compile)
+    return _maybe_compile(wrapped, compile, compile_mode)
 
 
 def _built(
@@ -184,8 +185,8 @@ def _pretrained_init(path: Path | str, init_weights: InitFn | None, read: Read) 
     return init
 
 
-def _maybe_compile(model: nn.Module, compile: bool) -> nn.Module:
-    return cast(nn.Module, torch.compile(model)) if compile else model
+def _maybe_compile(model: nn.Module, compile: bool, mode: str) -> nn.Module:
+    return cast(nn.Module, torch.compile(model, mode=mode)) if compile else model
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -98,6 +98,7 @@ class Trainer:
         seed_everything(train.seed, rank=self.env.rank)
         self.model = wrap_model(
             model, handle, strategy=train.strategy, compile=train.compile,
+            compile_mode=train.compile_mode,
             static_graph=train.ddp_static_graph, bucket_mb=train.ddp_bucket_mb,
             broadcast_buffers=train.ddp_broadcast_buffers,
             fsdp_units=train.fsdp_units, fsdp_reshard=train.fsdp_reshard_after_forward,
