@@ -64,7 +64,7 @@ class TrainConfig:
     ddp_broadcast_buffers: bool = True
     """DDP: copy rank 0's buffers (BatchNorm running statistics) to every rank before each
     training forward, as torch does by default. false: each rank keeps its own (Horovod's
-    semantics; evaluation then uses each rank's own, checkpoints hold rank 0's) and a model with
+    semantics; evaluation then uses each rank's own, a checkpoint keeps one rank's) and a model with
     buffers saves one broadcast and a copy per buffer each step."""
     fsdp_units: tuple[str, ...] = ()
     """FSDP: class names of the modules sharded one by one (e.g. Block); empty: every child of
