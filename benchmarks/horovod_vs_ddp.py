@@ -198,7 +198,7 @@ def trainer_config(
         # which with the non-fused SGD here costs a host read per step: phalanx warns of it).
         "train.nan_policy=count",
         f"train.ddp_broadcast_buffers={str(broadcast_buffers).lower()}",
-        f"run.root={run_root}", "run.name=ddp",
+        f"run.root={run_root}", "run.name=ddp", *args.overrides,
     ]  # fmt: skip
     return load(phalanx.TrainerConfig, overrides=overrides)
 
@@ -270,6 +270,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each side")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU run: 1 rep, small CNN")
     parser.add_argument("--out", default="", help="JSON path (default benchmarks/results/...)")
+    parser.add_argument("overrides", nargs="*", help="train.x=y for both Trainer sides")
     args = parser.parse_args(argv)
     if args.smoke:
         args.model, args.batch_size, args.warmup, args.steps, args.reps = "small", 4, 2, 4, 1
@@ -305,6 +306,7 @@ def write(args: argparse.Namespace, model: str, d: phalanx.Dist, sides: dict[str
     results = {
         **sides, "model": model, "batch_per_rank": args.batch_size, "warmup": args.warmup,
         "steps": args.steps, "reps": args.reps, "world_size": d.env.world_size, "device": device,
+        "trainer_overrides": args.overrides,
         "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
         "shim_vs_ddp_pct": percent(sides["shim"], sides["ddp"]),
         "shim_vs_ddp_sync_pct": percent(sides["shim"], sides["ddp_sync"]),

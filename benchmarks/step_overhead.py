@@ -3,6 +3,7 @@
     python benchmarks/step_overhead.py --peer PATH/peer_step.py [--worlds 1 2] [--reps 5]
         [--modes raw phalanx fabric accelerate] [--compile] [--out benchmarks/results/...json]
         [--budget-s S]   # on a lent GPU machine: stop in time, runs so far in OUT.runs.jsonl
+        [--set train.x=y ...]   # config for the phalanx runs only (the reference is fixed)
     python benchmarks/step_overhead.py --peer PATH/peer_step.py --cpu     # development mode
 
 Every repetition runs each (world, mode) once, in a fresh torchrun, interleaved, so drift hits
@@ -39,10 +40,10 @@ def command(args: argparse.Namespace, world: int, mode: str) -> list[str]:
         f"--nproc_per_node={world}",
     ]
     if args.cpu:
-        return [*launch, str(HERE / "phalanx_step.py"), args.peer, "--cpu", mode]
+        return [*launch, str(HERE / "phalanx_step.py"), args.peer, "--cpu", mode, *args.set]
     compile_flag = ["--compile"] if args.compile else []
     if mode == "phalanx":
-        return [*launch, str(HERE / "phalanx_step.py"), args.peer, *compile_flag]
+        return [*launch, str(HERE / "phalanx_step.py"), args.peer, *compile_flag, *args.set]
     return [*launch, args.peer, mode, *compile_flag]
 
 
@@ -148,6 +149,9 @@ def main() -> None:
     parser.add_argument(
         "--budget-s", type=float, default=0, help="start no repetition after this many seconds"
     )
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="config for the phalanx runs"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/step_overhead.json"))
     args = parser.parse_args()
     modes = ["hand", "phalanx"] if args.cpu else args.modes
@@ -192,6 +196,7 @@ def main() -> None:
                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "host": platform.node(),
                 "compile": args.compile,
+                "phalanx_set": args.set,
                 "cpu": args.cpu,
                 "table": {str(w): rows for w, rows in table.items()},
                 "runs": runs,

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from phalanx.checkpoint.checkpointer import module_state_dict
@@ -83,6 +84,7 @@ def wrap_model(
     static_graph: bool = False,
     bucket_mb: float = 25.0,
     broadcast_buffers: bool = True,
+    keep_grads: bool = False,
     fsdp_units: tuple[str, ...] = (),
     fsdp_reshard: bool = True,
     precision: str = "fp32",
@@ -133,6 +135,8 @@ def wrap_model(
             static_graph=static_graph, bucket_cap_mb=bucket_mb,
             broadcast_buffers=broadcast_buffers,
         )  # fmt: skip
+        if keep_grads:  # bucket-wide averaging: gradients that alias the buckets stay unscaled
+            wrapped.register_comm_hook(None, default_hooks.allreduce_hook)
     return _maybe_compile(wrapped, compile, compile_mode)
 
 
