@@ -338,6 +338,7 @@ def scenario_gpu_sync(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
         "train.clip_grad_norm=1.0",
         "train.sync_debug=true",
         "train.log_every=4",
+        f"train.ddp_keep_grads={args.get('keep', 'false')}",
     )
     trainer, history = trainer_run(d, cfg, regression_data(512), "adamw_fused")
     losses = [h["loss"] for h in history if "loss" in h]
