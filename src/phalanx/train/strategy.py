@@ -104,7 +104,9 @@ def wrap_model(
     `pretrained` (a torch.save file, .safetensors file or directory of them) replaces that
     initialisation: each rank reads its own shards into storage for its shards only
     (phalanx.checkpoint.pretrained). With `init_weights` too, keys the file lacks keep
-    init_weights' values. An instance is loaded before it is wrapped.
+    init_weights' values. An instance is loaded before it is wrapped. `keep_grads` (DDP)
+    averages whole buckets with torch's allreduce hook; zero the gradients in place
+    (`zero_grad(set_to_none=False)`) so they stay bucket views (phalanx.train.step does).
     """
     chosen = resolve_strategy(strategy, handle.env.world_size)
     fresh = is_factory(model)
