@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import torch
+from step_profile_model import RandomTokens  # the same data set as step_profile's Trainer side
 
 import phalanx
 from phalanx.config import load
@@ -36,19 +37,6 @@ def load_peer(path: str) -> Any:
         return module
     finally:
         sys.argv = saved
-
-
-class RandomTokens(torch.utils.data.Dataset[torch.Tensor]):
-    """Fresh random windows of T+1 tokens, like the reference's generator."""
-
-    def __init__(self, vocab: int, length: int, count: int) -> None:
-        self.vocab, self.length, self.count = vocab, length, count
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.randint(0, self.vocab, (self.length + 1,))
 
 
 class Timer(phalanx.Callback):
