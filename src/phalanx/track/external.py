@@ -3,11 +3,13 @@ when chosen, and a missing package is a one-line error with the pip command."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -111,7 +113,7 @@ class MlflowTracker:
             # whenever it builds a FileStore (no argument exists): scoping it would rest on its
             # private per-URI store cache, so it stays set for this process.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client, self.uri = MlflowClient(tracking_uri=uri), uri
         self.experiment, self.run_name = experiment, name
         self.config, self.tags = dict(config), dict(tags)
         self.run_id = ""
@@ -122,12 +124,27 @@ class MlflowTracker:
             self.run_id = run_id
             self.client.update_run(run_id, status="RUNNING")
             return run_id
-        found = self.client.get_experiment_by_name(self.experiment)
-        exp_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
-        run = self.client.create_run(exp_id, run_name=self.run_name, tags=self.tags)
+        run = self.client.create_run(self._experiment_id(), run_name=self.run_name, tags=self.tags)
         self.run_id = run.info.run_id
         self._log_params()
         return self.run_id
+
+    def _experiment_id(self) -> str:
+        """The experiment's id, created if missing. With track.all_ranks every rank gets here
+        at once: a rank that loses the race to create it reads the winner's."""
+        from mlflow.exceptions import MlflowException
+
+        with _store_lock(self.uri):  # a file store does not refuse a second one of a name
+            found = self.client.get_experiment_by_name(self.experiment)
+            if found is not None:
+                return str(found.experiment_id)
+            try:
+                return str(self.client.create_experiment(self.experiment))
+            except MlflowException:  # a server's answer when another rank created it first
+                found = self.client.get_experiment_by_name(self.experiment)
+                if found is None:
+                    raise
+                return str(found.experiment_id)
 
     def _log_params(self) -> None:
         from mlflow.entities import Param
@@ -154,3 +171,20 @@ class MlflowTracker:
     def finish(self) -> None:
         if self.run_id:
             self.client.set_terminated(self.run_id, status="FINISHED")
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Exclusive between the processes and threads of this host that create an experiment in
+    the same MLflow file store (a lock file beside the store); nothing for other stores."""
+    if not uri.startswith("file:"):
+        yield
+        return
+    store = Path(uri.removeprefix("file://").removeprefix("file:"))
+    store.parent.mkdir(parents=True, exist_ok=True)
+    with open(store.parent / f".{store.name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
