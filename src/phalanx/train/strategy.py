@@ -11,6 +11,7 @@ model in place (phalanx.train.fsdp). State dicts never carry wrapper prefixes (`
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -135,7 +136,7 @@ def wrap_model(
         wrapped = DistributedDataParallel(
             model, device_ids=device_ids, gradient_as_bucket_view=True,
             static_graph=static_graph, bucket_cap_mb=bucket_mb,
-            broadcast_buffers=broadcast_buffers,
+            **_buffer_sync(broadcast_buffers),
         )  # fmt: skip
         if keep_grads:  # bucket-wide averaging: gradients that alias the buckets stay unscaled
             wrapped.register_comm_hook(None, default_hooks.allreduce_hook)
@@ -189,6 +190,17 @@ def _pretrained_init(path: Path | str, init_weights: InitFn | None, read: Read) 
         load_pretrained(model, path, read=read, strict=init_weights is None)
 
     return init
+
+
+def _buffer_sync(every_forward: bool) -> dict[str, Any]:
+    """DDP's keyword for skipping the buffer copy before each forward: torch 2.13 renamed
+    broadcast_buffers to forward_sync_buffers and warns on the old name (the new one still
+    syncs at construction, which keeps every rank's start identical). Default: nothing."""
+    if every_forward:
+        return {}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 def _maybe_compile(model: nn.Module, compile: bool, mode: str) -> nn.Module:
