@@ -4,12 +4,13 @@ same model and batch trained by phalanx.Trainer with DDP; images/s per GPU withi
     torchrun --standalone --nproc_per_node=2 benchmarks/horovod_vs_ddp.py      # 2 GPUs, < 5 min
     phalanx run -n 2 benchmarks/horovod_vs_ddp.py --smoke                       # CPU, seconds
 
-Four sides run in the same processes, interleaved (the order rotates each repetition, so
-clock drift and a neighbour's load hit all alike) for --reps repetitions: the shim; a hand loop
-on torch's DDP (what DDP itself costs); the Trainer with `train.ddp_broadcast_buffers=false`,
-Horovod's semantics (each rank keeps its own BatchNorm statistics; the goal's comparison); and
-the Trainer with torch's default, which copies rank 0's buffers to every rank before each
-forward (priced here). Each repetition
+Up to five sides (--sides) run in the same processes, interleaved (the order rotates each
+repetition, so clock drift and a neighbour's load hit all alike) for --reps repetitions: the
+shim; a hand loop on torch's DDP (what DDP itself costs); the Trainer with
+`train.ddp_broadcast_buffers=false`, Horovod's semantics (each rank keeps its own BatchNorm
+statistics; the goal's comparison); the same with `train.ddp_keep_grads=true`; and the Trainer
+with torch's default, which copies rank 0's buffers to every rank before each forward (priced
+here). Each repetition
 builds the model from seed 0 and trains --warmup untimed then --steps timed steps of one fixed
 batch per rank (SGD, lr 0.01 x world size, as examples/horovod/synthetic_benchmark.py): the
 shim through hvd.DistributedOptimizer, the Trainer through its own loop, whose data set yields
@@ -42,12 +43,19 @@ from torch.nn.parallel import DistributedDataParallel
 import phalanx
 import phalanx.horovod as hvd
 from phalanx.config import load
+from phalanx.train.strategy import _buffer_sync  # the keyword this torch has, no warning
 
 RESULTS = Path(__file__).parent / "results"
 ModelFactory = Callable[[], nn.Module]
-SIDES = ("shim", "hand_ddp", "ddp", "ddp_sync")
+SIDES = ("shim", "hand_ddp", "ddp", "ddp_keep", "ddp_sync")
 """hand_ddp: a hand loop on torch's DDP; ddp: the Trainer, buffers per rank, as Horovod;
+ddp_keep: the same with `train.ddp_keep_grads=true` (gradients stay DDP's bucket views);
 ddp_sync: the Trainer, rank 0's buffers broadcast before each forward (torch's default)."""
+TRAINER_SIDES = {
+    "ddp": ["train.ddp_broadcast_buffers=false"],
+    "ddp_keep": ["train.ddp_broadcast_buffers=false", "train.ddp_keep_grads=true"],
+    "ddp_sync": ["train.ddp_broadcast_buffers=true"],
+}
 
 
 class SmallNet(nn.Module):
@@ -138,7 +146,7 @@ def run_hand_ddp(
     torch.manual_seed(0)
     ids = [device.index] if device.type == "cuda" else None
     model = DistributedDataParallel(
-        build().to(device), device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True
+        build().to(device), device_ids=ids, gradient_as_bucket_view=True, **_buffer_sync(False)
     )
     sgd = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
 
@@ -186,9 +194,7 @@ class Timer(phalanx.Callback[phalanx.Trainer]):
         self.marks[int(values["step"])] = time.perf_counter()
 
 
-def trainer_config(
-    args: argparse.Namespace, run_root: str, broadcast_buffers: bool
-) -> phalanx.TrainerConfig:
+def trainer_config(args: argparse.Namespace, run_root: str, side: str) -> phalanx.TrainerConfig:
     overrides = [
         "train.strategy=ddp", f"train.max_steps={args.warmup + args.steps}",
         f"train.log_every={args.warmup}", f"data.batch_size={args.batch_size}",
@@ -197,22 +203,21 @@ def trainer_config(
         # Horovod applies every update; so does `count` (skip/stop would mask non-finite ones,
         # which with the non-fused SGD here costs a host read per step: phalanx warns of it).
         "train.nan_policy=count",
-        f"train.ddp_broadcast_buffers={str(broadcast_buffers).lower()}",
-        f"run.root={run_root}", "run.name=ddp", *args.overrides,
+        *TRAINER_SIDES[side], f"run.root={run_root}", "run.name=ddp", *args.overrides,
     ]  # fmt: skip
     return load(phalanx.TrainerConfig, overrides=overrides)
 
 
 def run_ddp(
     d: phalanx.Dist, build: ModelFactory, batch: Batch, args: argparse.Namespace, run_root: str,
-    broadcast_buffers: bool,
+    side: str,
 ) -> float:  # fmt: skip
     """Seconds for args.steps steps of the same model and batch in phalanx.Trainer (DDP)."""
     torch.manual_seed(0)
     timer = Timer(d.device)
     world = d.env.world_size
     trainer = phalanx.Trainer(
-        d, config=trainer_config(args, run_root, broadcast_buffers), model=build(),
+        d, config=trainer_config(args, run_root, side), model=build(),
         optimizer=lambda p: torch.optim.SGD(p, lr=0.01 * world),
         train_data=StepIndices(args.batch_size * world * (args.warmup + args.steps + 1)),
         train_step=lambda model, _indices: batch.loss(model), callbacks=[timer],
@@ -245,20 +250,28 @@ def paired(side: dict[str, Any], base: dict[str, Any]) -> float:
 
 def report(results: dict[str, Any]) -> str:
     rows = [f"{'':9}{'median img/s/GPU':>18}{'spread':>9}  per repetition"]
-    for name in SIDES:
+    for name in results["sides"]:
         r = results[name]
         reps = " ".join(f"{v:.0f}" for v in r["img_per_s_per_gpu"])
         rows.append(f"{name:9}{r['median']:>18.1f}{r['spread_pct']:>8.1f}%  {reps}")
-    verdict = "within" if abs(results["shim_vs_ddp_pct"]) <= 5 else "NOT within"
-    rows.append(
-        f"shim vs DDP: {results['shim_vs_ddp_pct']:+.1f}% ({verdict} 5%); "
-        f"paired by repetition {results['shim_vs_ddp_paired_pct']:+.1f}%"
-    )
-    rows.append(f"shim vs DDP syncing buffers: {results['shim_vs_ddp_sync_pct']:+.1f}%")
-    rows.append(
-        f"hand DDP loop vs the Trainer's DDP: paired {results['hand_ddp_vs_ddp_paired_pct']:+.1f}%"
-    )
+    for key, (pct, pair) in results["comparisons"].items():
+        verdict = ""
+        if key == "shim vs ddp":
+            verdict = " (within 5%)" if abs(pct) <= 5 else " (NOT within 5%)"
+        rows.append(f"{key}: {pct:+.1f}%{verdict}; paired by repetition {pair:+.1f}%")
     return "\n".join(rows)
+
+
+def comparisons(sides: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """'a vs b' -> (ratio of medians - 1, ratio paired by repetition - 1), in percent, for the
+    sides that ran. 'shim vs ddp' is the goal's comparison; 'ddp_keep vs ddp' prices the option."""
+    wanted = [(a, b) for a in ("shim", "hand_ddp") for b in TRAINER_SIDES]
+    wanted.append(("ddp_keep", "ddp"))
+    return {
+        f"{a} vs {b}": (percent(sides[a], sides[b]), paired(sides[a], sides[b]))
+        for a, b in wanted
+        if a in sides and b in sides and a != b
+    }
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -268,6 +281,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps (a logging point)")
     parser.add_argument("--steps", type=int, default=100, help="timed steps, a multiple of warmup")
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each side")
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--smoke", action="store_true", help="tiny CPU run: 1 rep, small CNN")
     parser.add_argument("--out", default="", help="JSON path (default benchmarks/results/...)")
     parser.add_argument("overrides", nargs="*", help="train.x=y for both Trainer sides")
@@ -286,16 +300,17 @@ def main() -> None:
         name, build, image = model_factory(args.model)
         batch = Batch(args.batch_size, image, d.device, d.env.rank)
         run_root = str(Path(tempfile.gettempdir()) / "phalanx-horovod-vs-ddp")  # not kept
-        seconds: dict[str, list[float]] = {side: [] for side in SIDES}
+        sides = [s for s in SIDES if s in args.sides]
+        seconds: dict[str, list[float]] = {side: [] for side in sides}
         for rep in range(args.reps):
-            turn = rep % len(SIDES)
-            for side in SIDES[turn:] + SIDES[:turn]:
+            turn = rep % len(sides)
+            for side in sides[turn:] + sides[:turn]:
                 if side == "shim":
                     took = run_shim(build, batch, args, d.device)
                 elif side == "hand_ddp":
                     took = run_hand_ddp(build, batch, args, d.device)
                 else:
-                    took = run_ddp(d, build, batch, args, run_root, side == "ddp_sync")
+                    took = run_ddp(d, build, batch, args, run_root, side)
                 seconds[side].append(took)
         if d.env.is_main_process:
             write(args, name, d, {side: summary(s, args) for side, s in seconds.items()})
@@ -308,10 +323,7 @@ def write(args: argparse.Namespace, model: str, d: phalanx.Dist, sides: dict[str
         "steps": args.steps, "reps": args.reps, "world_size": d.env.world_size, "device": device,
         "trainer_overrides": args.overrides,
         "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-        "shim_vs_ddp_pct": percent(sides["shim"], sides["ddp"]),
-        "shim_vs_ddp_sync_pct": percent(sides["shim"], sides["ddp_sync"]),
-        "shim_vs_ddp_paired_pct": paired(sides["shim"], sides["ddp"]),
-        "hand_ddp_vs_ddp_paired_pct": paired(sides["hand_ddp"], sides["ddp"]),
+        "sides": list(sides), "comparisons": comparisons(sides),
     }  # fmt: skip
     print(report(results), flush=True)
     kind = "smoke" if args.smoke else f"{d.env.world_size}x{d.device.type}"
