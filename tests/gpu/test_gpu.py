@@ -58,6 +58,26 @@ def test_bf16_ddp_steps_have_no_hidden_host_sync(tmp_path: Path, keep: str) -> N
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_cuda_graph_compile_modes_train_and_log_like_the_default(tmp_path: Path, mode: str) -> None:
+    """A graph's next replay overwrites its outputs: the losses the metrics keep between logging
+    points (and the eval values between batches) must survive it, equal to the default mode's."""
+    result = run(
+        [str(VENV_BIN / "phalanx"), "run", "-n", str(ranks()), str(SUPPORT / "graphs_worker.py"),
+         str(tmp_path), mode],
+        timeout=380,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    r = json.loads((tmp_path / "graphs.json").read_text())
+    base, graphs = r["default"], r[mode]
+    assert len(graphs["losses"]) == 3 and len(graphs["eval"]) == 3
+    for key in ("losses", "eval"):
+        for a, b in zip(base[key], graphs[key], strict=True):
+            assert abs(a - b) <= 1e-4 * abs(a), (key, base[key], graphs[key])
+    assert graphs["losses"][-1] < graphs["losses"][0]
+
+
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("extra", [(), ("precision=bf16", "compile=true")], ids=["fp32", "bf16"])
 def test_fsdp_on_gpus_trains_like_ddp(tmp_path: Path, extra: tuple[str, ...]) -> None:
     """NCCL all-gathers and reduce-scatters; bf16 with FSDP's mixed-precision policy, compiled."""

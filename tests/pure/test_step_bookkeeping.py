@@ -16,8 +16,9 @@ from phalanx.errors import UsageError
 from phalanx.train.feeding import DeviceFeed, common_steps_left
 from phalanx.train.guard import NanGuard, masked_step
 from phalanx.train.metrics import FOLD_EVERY, Metrics
+from phalanx.train.precision import Precision
 from phalanx.train.progress import rate
-from phalanx.train.step import total_norm
+from phalanx.train.step import StepParts, optimizer_step, total_norm
 
 CPU = torch.device("cpu")
 
@@ -68,6 +69,34 @@ def test_metrics_keep_values_not_graphs_and_refuse_a_second_kind() -> None:
     with pytest.raises(UsageError, match="reduce='mean' before"):
         metrics.add("loss", 1.0, reduce="sum")
     assert metrics.compute() == {"loss": 6.0}
+
+
+@pytest.mark.parametrize("copy_outputs", [False, True])
+def test_step_keeps_the_loss_by_reference_or_a_copy_under_cuda_graphs(
+    copy_outputs: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By reference by default (no launch a step); a copy when the model replays CUDA graphs,
+    whose next replay would overwrite the tensor the metrics still hold."""
+    # torch's first optimizer step in a process sets TORCHINDUCTOR_CACHE_DIR; set here, undone.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model = torch.nn.Linear(3, 1)
+    returned: list[torch.Tensor] = []
+
+    def step(m: torch.nn.Module, batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = {"loss": m(batch).square().mean(), "extra": batch.sum()}
+        returned.extend(out.values())
+        return out
+
+    parts = StepParts(
+        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), train_step=step,
+        precision=Precision("fp32", CPU), guard=NanGuard("skip", CPU, rank=0, world_size=1),
+        metrics=Metrics(CPU), clip_grad_norm=0.0, copy_outputs=copy_outputs,
+    )  # fmt: skip
+    optimizer_step(parts, [torch.ones(2, 3)], step=1)
+    kept = [parts.metrics._series[name].pending[0] for name in ("loss", "extra")]
+    for mine, theirs in zip(kept, returned, strict=True):
+        assert (mine.data_ptr() != theirs.data_ptr()) is copy_outputs
+        assert mine.item() == theirs.item()
 
 
 def test_guard_counts_bad_steps_and_keeps_the_first() -> None:

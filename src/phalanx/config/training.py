@@ -20,6 +20,9 @@ STRATEGIES = ("auto", "single", "ddp", "fsdp", "hsdp")
 SHARDED_STRATEGIES = ("fsdp", "hsdp")
 CompileMode = Literal["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"]
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
+"""torch.compile modes that replay CUDA graphs: a graph's outputs are overwritten by its next
+replay, so whatever outlives a step (the metrics' loss) must be a copy."""
 """Strategies whose parameters are DTensor shards (FSDP2): sharded checkpoints, an optimizer
 factory, no fp16."""
 NanPolicy = Literal["skip", "stop", "count"]
@@ -159,7 +162,7 @@ def check_compile_mode(mode: str, *, compile: bool, strategy: str) -> None:
         raise UsageError(
             f"config train.compile_mode={mode} needs train.compile=true; add it or drop the mode"
         )
-    if mode in ("max-autotune", "reduce-overhead") and strategy in SHARDED_STRATEGIES:
+    if mode in CUDA_GRAPH_MODES and strategy in SHARDED_STRATEGIES:
         # FSDP2's collectives run in hooks between the compiled units, outside any graph.
         raise UsageError(
             f"config train.compile_mode={mode} (CUDA graphs) is not supported with "

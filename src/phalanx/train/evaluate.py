@@ -53,7 +53,9 @@ def evaluate(
                     )
                 for name, value in out.items():
                     if counts:
-                        metrics.add(f"eval/{name}", value.float())
+                        # A copy, not a reference: a model compiled with CUDA graphs
+                        # (train.compile_mode) overwrites its outputs on the next batch.
+                        metrics.add(f"eval/{name}", value.to(torch.float32, copy=True))
     finally:
         model.train(was_training)
         reshard_all(model)

@@ -78,6 +78,9 @@ class StepParts:
     fsdp_reduce_every_micro_batch: bool = False
     keep_grads: bool = False
     """DDP with train.ddp_keep_grads: gradients are zeroed in place, staying bucket views."""
+    copy_outputs: bool = False
+    """The model replays CUDA graphs (train.compile_mode): the next replay overwrites its
+    outputs, so the metrics keep copies of the loss and extra values instead of references."""
 
 
 @contextlib.contextmanager
@@ -128,9 +131,10 @@ def optimizer_step(parts: StepParts, micro_batches: Iterable[Any], *, step: int)
             parts.guard.observe_loss(loss)
             # x / 1 == x bitwise: one launch fewer per step without accumulation.
             parts.precision.backward(loss / len(batches) if len(batches) > 1 else loss)
-        parts.metrics.add("loss", loss)  # kept by reference: no launch until a logging point
-        for name, value in extra.items():
-            parts.metrics.add(name, value)
+        # Kept by reference, no launch until a logging point; a copy when graphs would overwrite.
+        kept = {"loss": loss, **extra}
+        for name, value in kept.items():
+            parts.metrics.add(name, value.detach().clone() if parts.copy_outputs else value)
         parts.metrics.add("samples", float(batch_size_of(batch)), reduce="sum")
     _update(parts, step)
 

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from phalanx.checkpoint.checkpointer import Checkpointer
 from phalanx.checkpoint.position import TrainState
-from phalanx.config.training import TrainerConfig
+from phalanx.config.training import CUDA_GRAPH_MODES, TrainerConfig
 from phalanx.data.loader import make_eval_loader, start_workers
 from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.data.seeding import seed_everything
@@ -127,6 +127,7 @@ class Trainer:
             scheduler=self.scheduler,
             fsdp_reduce_every_micro_batch=train.fsdp_reduce_every_micro_batch,
             keep_grads=train.ddp_keep_grads and ddp_module(self.model) is not None,
+            copy_outputs=train.compile and train.compile_mode in CUDA_GRAPH_MODES,
         )
 
     def _build_bookkeeping(
