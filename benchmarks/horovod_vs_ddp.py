@@ -8,9 +8,10 @@ Up to five sides (--sides) run in the same processes, interleaved (the order rot
 repetition, so clock drift and a neighbour's load hit all alike) for --reps repetitions: the
 shim; a hand loop on torch's DDP (what DDP itself costs); the Trainer with
 `train.ddp_broadcast_buffers=false`, Horovod's semantics (each rank keeps its own BatchNorm
-statistics; the goal's comparison); the same with `train.ddp_keep_grads=true`; and the Trainer
-with torch's default, which copies rank 0's buffers to every rank before each forward (priced
-here). Each repetition
+statistics; the goal's comparison); the same logging every --warmup steps (the other Trainer
+sides log once, after the timed window, as the shim and the hand loop never do); and the
+Trainer with torch's default, which copies rank 0's buffers to every rank before each forward
+(priced here). Each repetition
 builds the model from seed 0 and trains --warmup untimed then --steps timed steps of one fixed
 batch per rank (SGD, lr 0.01 x world size, as examples/horovod/synthetic_benchmark.py): the
 shim through hvd.DistributedOptimizer, the Trainer through its own loop, whose data set yields
@@ -47,13 +48,13 @@ from phalanx.train.strategy import _buffer_sync  # the keyword this torch has, n
 
 RESULTS = Path(__file__).parent / "results"
 ModelFactory = Callable[[], nn.Module]
-SIDES = ("shim", "hand_ddp", "ddp", "ddp_keep", "ddp_sync")
+SIDES = ("shim", "hand_ddp", "ddp", "ddp_log", "ddp_sync")
 """hand_ddp: a hand loop on torch's DDP; ddp: the Trainer, buffers per rank, as Horovod;
-ddp_keep: the same with `train.ddp_keep_grads=true` (gradients stay DDP's bucket views);
+ddp_log: the same, logging every --warmup steps inside the timed window (what logging costs);
 ddp_sync: the Trainer, rank 0's buffers broadcast before each forward (torch's default)."""
 TRAINER_SIDES = {
     "ddp": ["train.ddp_broadcast_buffers=false"],
-    "ddp_keep": ["train.ddp_broadcast_buffers=false", "train.ddp_keep_grads=true"],
+    "ddp_log": ["train.ddp_broadcast_buffers=false"],
     "ddp_sync": ["train.ddp_broadcast_buffers=true"],
 }
 
@@ -183,21 +184,24 @@ class StepIndices(torch.utils.data.Dataset[int]):
 
 
 class Timer(phalanx.Callback[phalanx.Trainer]):
-    """Wall time at the logging points (every args.warmup steps; they synchronise)."""
+    """Wall time after steps `at`, device synchronised (after that step's logging, if any)."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, device: torch.device, at: tuple[int, int]) -> None:
+        self.device, self.at = device, at
         self.marks: dict[int, float] = {}
 
-    def on_log(self, trainer: phalanx.Trainer, values: dict[str, Any]) -> None:
-        sync(self.device)
-        self.marks[int(values["step"])] = time.perf_counter()
+    def on_step_end(self, trainer: phalanx.Trainer) -> None:
+        if trainer.state.step in self.at:
+            sync(self.device)
+            self.marks[trainer.state.step] = time.perf_counter()
 
 
 def trainer_config(args: argparse.Namespace, run_root: str, side: str) -> phalanx.TrainerConfig:
+    end = args.warmup + args.steps + 1  # one step after the window: its only logging point
     overrides = [
-        "train.strategy=ddp", f"train.max_steps={args.warmup + args.steps}",
-        f"train.log_every={args.warmup}", f"data.batch_size={args.batch_size}",
+        "train.strategy=ddp", f"train.max_steps={end}",
+        f"train.log_every={args.warmup if side == 'ddp_log' else end}",
+        f"data.batch_size={args.batch_size}",
         "data.num_workers=0", "data.shuffle=false", "train.progress=false",
         "checkpoint.at_end=false", "track.plots=false", "track.trackers=jsonl",
         # Horovod applies every update; so does `count` (skip/stop would mask non-finite ones,
@@ -214,16 +218,16 @@ def run_ddp(
 ) -> float:  # fmt: skip
     """Seconds for args.steps steps of the same model and batch in phalanx.Trainer (DDP)."""
     torch.manual_seed(0)
-    timer = Timer(d.device)
+    end = args.warmup + args.steps
+    timer = Timer(d.device, (args.warmup, end))
     world = d.env.world_size
     trainer = phalanx.Trainer(
         d, config=trainer_config(args, run_root, side), model=build(),
         optimizer=lambda p: torch.optim.SGD(p, lr=0.01 * world),
-        train_data=StepIndices(args.batch_size * world * (args.warmup + args.steps + 1)),
+        train_data=StepIndices(args.batch_size * world * (end + 1)),
         train_step=lambda model, _indices: batch.loss(model), callbacks=[timer],
     )  # fmt: skip
     trainer.fit()
-    end = args.warmup + args.steps
     return slowest(timer.marks[end] - timer.marks[args.warmup])
 
 
@@ -264,9 +268,9 @@ def report(results: dict[str, Any]) -> str:
 
 def comparisons(sides: dict[str, Any]) -> dict[str, tuple[float, float]]:
     """'a vs b' -> (ratio of medians - 1, ratio paired by repetition - 1), in percent, for the
-    sides that ran. 'shim vs ddp' is the goal's comparison; 'ddp_keep vs ddp' prices the option."""
+    sides that ran. 'shim vs ddp' is the goal's comparison; 'ddp_log vs ddp' prices logging."""
     wanted = [(a, b) for a in ("shim", "hand_ddp") for b in TRAINER_SIDES]
-    wanted.append(("ddp_keep", "ddp"))
+    wanted.append(("ddp_log", "ddp"))
     return {
         f"{a} vs {b}": (percent(sides[a], sides[b]), paired(sides[a], sides[b]))
         for a, b in wanted
