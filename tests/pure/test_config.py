@@ -166,10 +166,3 @@ def test_compile_mode_with_compile_loads() -> None:
     assert load(TrainerConfig, overrides=overrides).train.compile_mode == (
         "max-autotune-no-cudagraphs"
     )
-
-
-def test_ddp_keep_grads_outside_ddp_is_a_one_line_error() -> None:
-    with pytest.raises(UsageError, match=r"train.ddp_keep_grads=true applies to DDP only \(train."
-                       r"strategy=single\); use train.strategy=ddp or auto") as error:  # fmt: skip
-        load(TrainerConfig, overrides=["train.ddp_keep_grads=true", "train.strategy=single"])
-    assert "\n" not in str(error.value)

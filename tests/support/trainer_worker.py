@@ -276,29 +276,6 @@ def scenario_buffers(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     return seen
 
 
-def scenario_keep_grads(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
-    """train.ddp_keep_grads against the default: the same training (accumulation, clipping,
-    momentum), and how many per-parameter gradient scalings DDP ran (profiler count)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    out: dict[str, Any] = {}
-    for keep in ("false", "true"):
-        cfg = config(
-            "data.batch_size=4", "train.max_steps=6", "train.grad_accum=2",
-            "train.clip_grad_norm=0.5", f"train.ddp_keep_grads={keep}",
-        )  # fmt: skip
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            trainer, history = trainer_run(d, cfg, regression_data())
-        names = [e.name for e in prof.events()]
-        out[keep] = {
-            "params": flat_params(trainer.model), "losses": [h["loss"] for h in history],
-            "mul_out": names.count("torch::distributed::reducer::mul_out"),
-            "div_": names.count("aten::div_"),
-            "grads_kept": all(p.grad is not None for p in trainer.model.parameters()),
-        }  # fmt: skip
-    return out
-
-
 def scenario_compile(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any] | None:
     from phalanx.train import model_state_dict
 
@@ -338,7 +315,6 @@ def scenario_gpu_sync(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
         "train.clip_grad_norm=1.0",
         "train.sync_debug=true",
         "train.log_every=4",
-        f"train.ddp_keep_grads={args.get('keep', 'false')}",
     )
     trainer, history = trainer_run(d, cfg, regression_data(512), "adamw_fused")
     losses = [h["loss"] for h in history if "loss" in h]
@@ -414,7 +390,6 @@ SCENARIOS = {
     "iterable": scenario_iterable,
     "fsdp": scenario_fsdp,
     "buffers": scenario_buffers,
-    "keep_grads": scenario_keep_grads,
 }
 
 if __name__ == "__main__":

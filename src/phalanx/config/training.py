@@ -69,11 +69,6 @@ class TrainConfig:
     training forward, as torch does by default. false: each rank keeps its own (Horovod's
     semantics; evaluation then uses each rank's own, a checkpoint keeps one rank's) and a model with
     buffers saves one broadcast and a copy per buffer each step."""
-    ddp_keep_grads: bool = False
-    """DDP: keep each gradient a view of DDP's bucket between steps (zeroed in place, not freed)
-    and average whole buckets (torch's allreduce comm hook): no per-parameter copy into the
-    buckets each step (one kernel per parameter tensor fewer), no fresh gradient memory. Off
-    until measured on GPUs (docs/benchmarks.md)."""
     fsdp_units: tuple[str, ...] = ()
     """FSDP: class names of the modules sharded one by one (e.g. Block); empty: every child of
     every nn.ModuleList. Smaller units: lower peak memory, more collectives."""
@@ -125,11 +120,6 @@ class TrainConfig:
         check_choice("train.lr_scaling", self.lr_scaling, ("none", "linear"))
         check_choice("train.init_from_read", self.init_from_read, ("slices", "broadcast"))
         check_compile_mode(self.compile_mode, compile=self.compile, strategy=self.strategy)
-        if self.ddp_keep_grads and self.strategy not in ("auto", "ddp"):
-            raise UsageError(
-                f"config train.ddp_keep_grads=true applies to DDP only (train.strategy="
-                f"{self.strategy}); use train.strategy=ddp or auto, or drop the setting"
-            )
         checkpoint_every(self.activation_checkpointing)
         if self.strategy in SHARDED_STRATEGIES and self.precision == "fp16":
             raise UsageError(

@@ -76,8 +76,6 @@ class StepParts:
     clip_grad_norm: float
     scheduler: LRScheduler | None = None
     fsdp_reduce_every_micro_batch: bool = False
-    keep_grads: bool = False
-    """DDP with train.ddp_keep_grads: gradients are zeroed in place, staying bucket views."""
     copy_outputs: bool = False
     """The model replays CUDA graphs (train.compile_mode): the next replay overwrites its
     outputs, so the metrics keep copies of the loss and extra values instead of references."""
@@ -177,18 +175,5 @@ def _update(parts: StepParts, step: int) -> None:
         opt.step()
     if parts.scheduler is not None:
         parts.scheduler.step()
-    if parts.keep_grads:
-        zero_in_place(grads)
-    else:
-        opt.zero_grad(set_to_none=True)
+    opt.zero_grad(set_to_none=True)
     parts.metrics.add("grad_norm", norm)
-
-
-def zero_in_place(grads: list[torch.Tensor]) -> None:
-    """One multi-tensor zero per device and dtype (Optimizer.zero_grad(set_to_none=False)
-    zeroes one tensor at a time unless the optimizer was built with foreach=True)."""
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for g in grads:
-        groups.setdefault((g.device, g.dtype), []).append(g)
-    for same in groups.values():
-        torch._foreach_zero_(same)

@@ -18,7 +18,6 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from phalanx.checkpoint.checkpointer import module_state_dict
@@ -85,7 +84,6 @@ def wrap_model(
     static_graph: bool = False,
     bucket_mb: float = 25.0,
     broadcast_buffers: bool = True,
-    keep_grads: bool = False,
     fsdp_units: tuple[str, ...] = (),
     fsdp_reshard: bool = True,
     precision: str = "fp32",
@@ -105,9 +103,7 @@ def wrap_model(
     `pretrained` (a torch.save file, .safetensors file or directory of them) replaces that
     initialisation: each rank reads its own shards into storage for its shards only
     (phalanx.checkpoint.pretrained). With `init_weights` too, keys the file lacks keep
-    init_weights' values. An instance is loaded before it is wrapped. `keep_grads` (DDP)
-    averages whole buckets with torch's allreduce hook; zero the gradients in place
-    (`zero_grad(set_to_none=False)`) so they stay bucket views (phalanx.train.step does).
+    init_weights' values. An instance is loaded before it is wrapped.
     """
     chosen = resolve_strategy(strategy, handle.env.world_size)
     fresh = is_factory(model)
@@ -138,8 +134,6 @@ def wrap_model(
             static_graph=static_graph, bucket_cap_mb=bucket_mb,
             **_buffer_sync(broadcast_buffers),
         )  # fmt: skip
-        if keep_grads:  # bucket-wide averaging: gradients that alias the buckets stay unscaled
-            wrapped.register_comm_hook(None, default_hooks.allreduce_hook)
     return _maybe_compile(wrapped, compile, compile_mode)
 
 

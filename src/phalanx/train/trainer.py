@@ -36,7 +36,7 @@ from phalanx.train.optim import OptimizerArg, SchedulerArg, build_optimizer, bui
 from phalanx.train.precision import Precision
 from phalanx.train.progress import Throughput, peak_flops, progress_line
 from phalanx.train.step import StepFn, StepParts, optimizer_step, sync_debug
-from phalanx.train.strategy import ddp_module, explain_ddp_oom, unwrap, wrap_model
+from phalanx.train.strategy import explain_ddp_oom, unwrap, wrap_model
 from phalanx.train.tracking import end_tracking, start_tracking
 from phalanx.train.watchdog import HangBeats
 
@@ -100,7 +100,7 @@ class Trainer:
             model, handle, strategy=train.strategy, compile=train.compile,
             compile_mode=train.compile_mode,
             static_graph=train.ddp_static_graph, bucket_mb=train.ddp_bucket_mb,
-            broadcast_buffers=train.ddp_broadcast_buffers, keep_grads=train.ddp_keep_grads,
+            broadcast_buffers=train.ddp_broadcast_buffers,
             fsdp_units=train.fsdp_units, fsdp_reshard=train.fsdp_reshard_after_forward,
             precision=train.precision, activation_checkpointing=train.activation_checkpointing,
             init_weights=init_weights, seed=train.seed, hsdp_shard_size=train.hsdp_shard_size,
@@ -126,7 +126,6 @@ class Trainer:
             clip_grad_norm=train.clip_grad_norm,
             scheduler=self.scheduler,
             fsdp_reduce_every_micro_batch=train.fsdp_reduce_every_micro_batch,
-            keep_grads=train.ddp_keep_grads and ddp_module(self.model) is not None,
             copy_outputs=train.compile and train.compile_mode in CUDA_GRAPH_MODES,
         )
 
