@@ -115,6 +115,8 @@ def test_metrics_reduce_across_ranks(tmp_path: Path) -> None:
     assert r["s"] == 3.0 and r["lo"] == 0.0 and r["hi"] == 4.0
     assert r["c"] == [0.0, 1.0, 1.0, 2.0, 2.0, 2.0]
     assert r["only0"] == 7.0
+    assert r["dev1"] == 5.0 and r["mx"] == -3.0
+    assert r["mixed"] == pytest.approx((0 + 1 + 2 + 3 * 10) / 6)
 
 
 @pytest.mark.timeout(120)

@@ -241,6 +241,11 @@ def scenario_metrics(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     metrics.add("c", torch.full((d.env.rank + 1,), r), reduce="cat")
     if d.env.rank == 0:
         metrics.add("only0", 7.0)  # a name one rank never saw still reduces (neutral elsewhere)
+    if d.env.rank == 1:  # a device value on one rank only: every rank's slots must still agree
+        metrics.add("dev1", torch.tensor([4.0, 6.0]))
+    metrics.add("mx", torch.tensor([r - 5.0]) if d.env.rank == 0 else r - 5.0, reduce="max")
+    metrics.add("mixed", torch.tensor([r]))  # device and host values in one series
+    metrics.add("mixed", 10.0)
     return metrics.compute()
 
 

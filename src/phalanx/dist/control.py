@@ -56,6 +56,11 @@ class ControlPlane:
         if self._distributed:
             self._group = dist.new_group(backend="gloo")
 
+    @property
+    def group(self) -> Any:
+        """The gloo group the flags travel on (None in a single process): host values only."""
+        return self._group
+
     def post(self, *, has_data: bool = True, stop: bool, writing: bool = False) -> PendingAgreement:
         """Start the all-reduce of this rank's flags; every rank must post in the same order."""
         flags = torch.tensor([not has_data, stop, writing], dtype=torch.int32)

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.errors import UsageError
+from phalanx.train.metrics import host_to_device
 
 
 class NonFiniteError(RuntimeError):
@@ -92,7 +93,7 @@ class NanGuard:
         self._verdicts = []
         bad = torch.stack(verdicts) > 0
         self.events.add_(bad.sum())
-        at = torch.tensor(steps, dtype=torch.int64, device=self.events.device)
+        at = host_to_device(list(steps), self.events.device, torch.int64)
         torch.minimum(self._first, torch.where(bad, at, self._NEVER).min(), out=self._first)
         seen = [t for t in loss_oks if t is not None]
         if seen:
@@ -109,17 +110,18 @@ class NanGuard:
         return self.policy in ("skip", "stop")
 
     def report(self) -> GuardReport:
-        """Host read, at logging points: counts, first bad step and which ranks' loss was bad."""
+        """Host read, at logging points: counts, first bad step and which ranks' loss was bad.
+        One read from the device: the ranks' loss flags meet in one all-reduce (each rank's
+        flag in its own slot), beside the counters every rank already shares."""
         self._fold()
-        flags = [int(self.loss_bad_ever.item())]
+        flags = torch.zeros(self.world_size, dtype=torch.int64, device=self.loss_bad_ever.device)
+        flags[self.rank] = self.loss_bad_ever
         if dist.is_initialized() and self.world_size > 1:
-            gathered = [torch.zeros_like(self.loss_bad_ever) for _ in range(self.world_size)]
-            dist.all_gather(gathered, self.loss_bad_ever)
-            flags = [int(t.item()) for t in gathered]
-        ranks = [r for r, f in enumerate(flags) if f]
-        return GuardReport(
-            events=int(self.events.item()), first_step=int(self.first_step.item()), loss_ranks=ranks
-        )
+            dist.all_reduce(flags)
+        shared = torch.stack([self.events.reshape(()), self.first_step.reshape(())])
+        events, first, *bad = torch.cat([shared, flags]).tolist()
+        ranks = [r for r, f in enumerate(bad) if f]
+        return GuardReport(events=int(events), first_step=int(first), loss_ranks=ranks)
 
     def maybe_stop(self) -> GuardReport:
         """At a logging point: under policy stop, raise NonFiniteError on every rank if needed."""

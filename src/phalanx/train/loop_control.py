@@ -19,6 +19,7 @@ this agreement, where the watchdog sees them, not inside the exempt step.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from phalanx.checkpoint.checkpointer import Checkpointer
 from phalanx.dist.control import Agreement, ControlPlane, PendingAgreement
@@ -35,6 +36,11 @@ class LoopControl:
         self.stop_requested = False
         self.blocking = True  # until the first before_step(): see the module docstring
         self.signalled: Callable[[], bool] = lambda: False
+
+    @property
+    def host_group(self) -> Any:
+        """A gloo group for other host-only agreements (metric names at logging points)."""
+        return self._control.group
 
     def _wants_stop(self) -> bool:
         return self.stop_requested or self.signalled()

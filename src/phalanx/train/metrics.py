@@ -9,13 +9,14 @@
 `add` launches no kernel in a training step: a tensor already on the metrics' device is kept
 by reference (detached) and a Python number is summed on the host; the kept values are folded
 into one running value per name every FOLD_EVERY adds and at compute(). That keeps the step's
-launch count what the user's own code costs (issue #17). `compute` costs one all-reduce per
-reduction kind used (plus one all-gather for `cat`). All ranks must call compute() together
-with the same names added.
+launch count what the user's own code costs (issue #17). `compute` costs an exchange of the
+names (a CPU all-gather on a gloo group when given one), at most two all-reduces on the device
+and one read from it (plus one all-gather for `cat`). All ranks must call compute() together.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,66 +66,90 @@ class Metrics:
         if len(series.pending) >= FOLD_EVERY:
             _fold(series, self.device)
 
-    def _agree_on_names(self) -> None:
+    def _agree_on_names(self, group: Any) -> None:
         """Ranks that saw no value of a name (e.g. an empty eval shard) add an empty series."""
         if not _distributed():
             return
         kinds: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(kinds, {n: s.kind for n, s in self._series.items()})
+        dist.all_gather_object(kinds, {n: s.kind for n, s in self._series.items()}, group=group)
         for theirs in kinds:
             for name, kind in theirs.items():
                 self._series.setdefault(name, _Series(kind))
 
-    def compute(self) -> dict[str, Any]:
-        """Reduce across ranks, return plain Python values, reset."""
-        self._agree_on_names()
+    def compute(self, *, names_group: Any = None) -> dict[str, Any]:
+        """Reduce across ranks, return plain Python values, reset.
+
+        One read from the device, after two all-reduces on it (sum: totals and counts; min:
+        minima and negated maxima), so the GPU's queue drains once per logging point.
+        `names_group`: a CPU (gloo) group for agreeing on the names, which then costs no
+        device work either (the Trainer passes its control group); default: the default group.
+        """
+        self._agree_on_names(names_group)
         for series in self._series.values():
             _fold(series, self.device)
-        out: dict[str, Any] = {}
-        by_kind: dict[str, list[str]] = {}
-        for name in sorted(self._series):
-            by_kind.setdefault(self._series[name].kind, []).append(name)
-        local = self._local_values([n for n in self._series if self._series[n].kind != "cat"])
-        additive = by_kind.get("mean", []) + by_kind.get("sum", [])
-        if additive:
-            counts = [float(self._series[n].count) for n in additive]
-            stacked = torch.tensor(
-                [local[n] for n in additive] + counts, dtype=torch.float64, device=self.device
-            )
-            values = _all_reduce(stacked, dist.ReduceOp.SUM).tolist()
-            k = len(additive)
-            for i, name in enumerate(additive):
-                total, count = values[i], values[k + i]
-                out[name] = total / max(count, 1) if self._series[name].kind == "mean" else total
-        for kind, op in (("min", dist.ReduceOp.MIN), ("max", dist.ReduceOp.MAX)):
-            names = by_kind.get(kind, [])
-            if names:
-                mine = torch.tensor(
-                    [local[n] for n in names], dtype=torch.float64, device=self.device
-                )
-                out.update(zip(names, _all_reduce(mine, op).tolist(), strict=True))
-        for name in by_kind.get("cat", []):
+        reduced = [n for n in sorted(self._series) if self._series[n].kind != "cat"]
+        out: dict[str, Any] = dict(self._reduce(reduced)) if reduced else {}
+        for name in sorted(set(self._series) - set(reduced)):
             folded = self._series[name].folded
             out[name] = _all_gather_cat(folded if folded is not None else torch.zeros(0))
         self._series = {}
         return out
 
-    def _local_values(self, names: list[str]) -> dict[str, float]:
-        """This rank's value of each sum/mean/min/max series (neutral if it saw none); the
-        device parts reach the host in one copy."""
-        on_device = [n for n in names if self._series[n].folded is not None]
-        folded = [self._series[n].folded for n in on_device]
-        copied = torch.stack(folded).tolist() if folded else []  # type: ignore[arg-type]
-        device_values = dict(zip(on_device, copied, strict=True))
-        out: dict[str, float] = {}
-        for name in names:
-            series = self._series[name]
-            value = series.host
-            if name in device_values:
-                value = _combine_host(series.kind, value, device_values[name])
-            neutral = {"min": float("inf"), "max": float("-inf")}.get(series.kind, 0.0)
-            out[name] = neutral if value is None else value
+    def _reduce(self, names: list[str]) -> dict[str, float]:
+        """Each sum/mean/min/max series over all ranks. Slots, in the same order on every rank:
+        totals and counts (summed), then minima and negated maxima (min-reduced)."""
+        additive, mins, maxs = (
+            [n for n in names if self._series[n].kind in kinds]
+            for kinds in (("mean", "sum"), ("min",), ("max",))
+        )
+        host = [self._host_or(n, 0.0) for n in additive]
+        host += [float(self._series[n].count) for n in additive]
+        host += [self._host_or(n, math.inf) for n in mins]
+        host += [-self._host_or(n, -math.inf) for n in maxs]
+        local = host_to_device(host, self.device)
+        k, m = len(additive), len(mins)
+        for part, group, neutral, combine in (
+            (local[:k], additive, 0.0, torch.add),
+            (local[2 * k : 2 * k + m], mins, math.inf, torch.minimum),
+            (local[2 * k + m :], maxs, -math.inf, _min_negated),
+        ):
+            if any(self._series[n].folded is not None for n in group):
+                part.copy_(combine(part, self._stacked(group, neutral)))
+        _all_reduce(local[: 2 * k], dist.ReduceOp.SUM)
+        _all_reduce(local[2 * k :], dist.ReduceOp.MIN)
+        values = local.tolist()  # the one read from the device
+        out = {}
+        for i, name in enumerate(additive):
+            total, count = values[i], values[k + i]
+            out[name] = total / max(count, 1) if self._series[name].kind == "mean" else total
+        out.update(zip(mins, values[2 * k : 2 * k + m], strict=True))
+        out.update((n, -v) for n, v in zip(maxs, values[2 * k + m :], strict=True))
         return out
+
+    def _stacked(self, names: list[str], neutral: float) -> torch.Tensor:
+        """The names' device values as one tensor; `neutral` where this rank has none."""
+        filler = torch.full((), neutral, dtype=torch.float64, device=self.device)
+        folded = [self._series[n].folded for n in names]
+        return torch.stack([filler if f is None else f for f in folded])
+
+    def _host_or(self, name: str, neutral: float) -> float:
+        host = self._series[name].host
+        return neutral if host is None else host
+
+
+def _min_negated(slots: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
+    return torch.minimum(slots, maxima.neg())
+
+
+def host_to_device(
+    values: list[float] | list[int], device: torch.device, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """Host numbers as a tensor on `device`; on CUDA copied from pinned memory without
+    waiting (torch.tensor(..., device=cuda) waits for the stream, draining the GPU's queue)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _combine_host(kind: str, old: float | None, new: float) -> float:
@@ -171,7 +196,7 @@ def _distributed() -> bool:
 
 
 def _all_reduce(tensor: torch.Tensor, op: Any) -> torch.Tensor:
-    if _distributed():
+    if _distributed() and tensor.numel():
         dist.all_reduce(tensor, op=op)
     return tensor
 

@@ -369,7 +369,7 @@ class Trainer:
 
     def _log(self) -> None:
         """A logging point: the only place training values reach the host."""
-        values = self.metrics.compute()
+        values = self.metrics.compute(names_group=self._loop.host_group)
         report = self.guard.maybe_stop()  # raises on every rank under nan_policy=stop
         values.update(self.throughput.measure(values.pop("samples", 0.0)))
         values["nonfinite_steps"] = report.events
