@@ -4,7 +4,9 @@
 
 Trains the same model twice, with train.compile_mode=default and with MODE, logging every 4th
 step and evaluating every 4th, so the metrics hold several steps' losses and eval values when
-the graphs replay. Rank 0 writes OUT/graphs.json: both runs' logged losses and eval values.
+the graphs replay. The model returns its loss (per-sample errors in eval), as GPT-style models
+do, so the values the metrics keep are the graphs' own outputs. Rank 0 writes OUT/graphs.json:
+both runs' logged losses and eval values.
 """
 
 from __future__ import annotations
@@ -14,9 +16,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainer_worker import config, regression_data, trainer_run  # same folder: sys.path[0]
+import torch
+from torch import nn
+from trainer_worker import config, make_model, regression_data  # same folder: sys.path[0]
 
 import phalanx
+
+
+class WithLoss(nn.Module):
+    """The regression model with its loss inside: mean squared error when training, each
+    sample's squared error in eval."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = make_model()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        err = (self.net(x) - y).squeeze(1) ** 2
+        return err.mean() if self.training else err
 
 
 def logged(d: phalanx.Dist, mode: str) -> dict[str, Any]:
@@ -24,7 +41,13 @@ def logged(d: phalanx.Dist, mode: str) -> dict[str, Any]:
         "data.batch_size=8", "train.max_steps=12", "train.log_every=4", "train.eval_every=4",
         "train.compile=true", f"train.compile_mode={mode}",
     )  # fmt: skip
-    _, history = trainer_run(d, cfg, regression_data(512), eval_data=regression_data(64))
+    trainer = phalanx.Trainer(
+        d, config=cfg, model=WithLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+        train_data=regression_data(512), train_step=lambda model, batch: model(*batch),
+        eval_data=regression_data(64), eval_step=lambda model, batch: {"sq_err": model(*batch)},
+    )  # fmt: skip
+    history = trainer.fit()
     return {
         "losses": [h["loss"] for h in history if "loss" in h],
         "eval": [h["eval/sq_err"] for h in history if "eval/sq_err" in h],
