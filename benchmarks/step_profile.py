@@ -187,7 +187,7 @@ def run_trainer(args: argparse.Namespace, d: Any, cfg: Any, window: StepWindow) 
         (trainer._loop, "before_step", "control all-reduce, blocking (iterable data)"),
         (trainer.precision, "backward", "backward"),
         (trainer.guard, "observe_loss", "guard.observe_loss"),
-        (trainer.guard, "agree", "guard.agree (flag all-reduce)"),
+        (trainer.guard, "agree", "guard.agree (verdict)"),
         (trainer.metrics, "add", "metrics.add"),
         (trainer, "_log", "logging point (_log)"),
         (trainer, "_beat", "hang-watch beats"),

@@ -99,6 +99,25 @@ def test_step_keeps_the_loss_by_reference_or_a_copy_under_cuda_graphs(
         assert mine.item() == theirs.item()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_guard_carries_a_non_finite_loss_into_the_gradients_and_leaves_a_finite_one(
+    dtype: torch.dtype,
+) -> None:
+    guard = NanGuard("skip", CPU, rank=0, world_size=2)
+    weight = torch.tensor([0.5, -2.0], requires_grad=True)
+    for extra, finite in ((0.0, True), (float("inf"), False), (float("nan"), False)):
+        loss = ((weight * 3).square().sum() + extra).to(dtype)
+        carried = guard.observe_loss(loss, carry=True)
+        assert carried.dtype == dtype
+        (grad,) = torch.autograd.grad(carried, weight, retain_graph=True)
+        if finite:  # bitwise the loss and its gradient
+            (plain,) = torch.autograd.grad(loss, weight)
+            assert torch.equal(carried, loss) and torch.equal(grad, plain)
+        else:
+            assert torch.isnan(grad).all()
+    assert guard.observe_loss(loss, carry=False) is loss
+
+
 def test_guard_counts_bad_steps_and_keeps_the_first() -> None:
     guard = NanGuard("skip", CPU, rank=0, world_size=1)
     nan, inf, one = float("nan"), float("inf"), 1.0

@@ -167,6 +167,41 @@ def scenario_nan(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def scenario_nan_loss(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    """Only the loss is non-finite: step 3, rank 1 (sample 42 flagged), finite gradients. The
+    other rank must learn it (through the gradients or an all-reduce) and skip the step too."""
+    cfg = config("data.batch_size=8", "train.epochs=1", "train.nan_policy=skip")
+    x, y = regression_data().tensors
+    flag = torch.zeros(N)
+    flag[42] = 1.0
+
+    def flagged_step(model: nn.Module, batch: Any) -> torch.Tensor:
+        x, y, flag = batch  # a flagged sample adds inf, a constant: the gradients stay finite
+        return mse_step(model, (x, y)) + torch.where(flag.any(), float("inf"), 0.0)
+
+    def train(data: TensorDataset) -> tuple[phalanx.Trainer, list[dict[str, Any]]]:
+        trainer = phalanx.Trainer(
+            d, config=cfg, model=make_model(),
+            optimizer=lambda p: torch.optim.AdamW(p, lr=0.01, fused=True),
+            train_data=data, train_step=flagged_step,
+        )  # fmt: skip
+        return trainer, trainer.fit()
+
+    trainer, history = train(TensorDataset(x, y, flag))
+    keep = torch.cat([torch.arange(0, 32), torch.arange(48, N)])  # that global batch removed
+    reference, _ = train(TensorDataset(x[keep], y[keep], torch.zeros(len(keep))))
+    params = torch.tensor(flat_params(trainer.model))
+    gathered = [torch.zeros_like(params) for _ in range(d.env.world_size)]
+    torch.distributed.all_gather(gathered, params)
+    return {
+        "ranks_agree": all(torch.equal(gathered[0], g) for g in gathered),
+        "params": params.tolist(),
+        "reference": flat_params(reference.model),
+        "steps": trainer.state.step,
+        "nonfinite": history[-1]["nonfinite_steps"],
+    }
+
+
 def scenario_uneven(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     data = regression_data(100)
     # Batch size 1 in evaluation: a float32 forward may round differently for other batch
@@ -387,6 +422,7 @@ SCENARIOS = {
     "parity": scenario_parity,
     "accumulation": scenario_accumulation,
     "nan": scenario_nan,
+    "nan_loss": scenario_nan_loss,
     "uneven": scenario_uneven,
     "metrics": scenario_metrics,
     "compile": scenario_compile,

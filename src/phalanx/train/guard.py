@@ -38,11 +38,17 @@ class GuardReport:
 class NanGuard:
     """Per-step bookkeeping of non-finite values, kept on the device.
 
-    A step costs four tiny kernels and, with several ranks, one 4-byte all-reduce (issue #17
-    counted ~20 launches at first, ten before this): `observe_loss` only keeps a reference;
-    `agree` computes the step's verdict; the counters (events, first bad step, bad loss seen)
-    are folded from the kept verdicts at logging points, or every FOLD_EVERY steps in a loop
-    that never reports, so nothing grows without bound."""
+    A step costs a few tiny kernels (issue #17 counted ~20 launches at first): `observe_loss`
+    keeps a reference; `agree` computes the step's verdict; the counters (events, first bad
+    step, bad loss seen) are folded from the kept verdicts at logging points, or every
+    FOLD_EVERY steps in a loop that never reports, so nothing grows without bound.
+
+    Several ranks must reach the same verdict. Where the gradients are reduced across ranks
+    (DDP, FSDP) and no loss scaler runs, the gradients carry it: `observe_loss(carry=True)`
+    returns the loss to backward as `loss * 1` (bitwise the loss) when finite and `loss * nan`
+    when not, so a rank's non-finite loss makes its gradients NaN, the reduction spreads them
+    to every rank, and each rank's verdict on the reduced gradients is the same without a
+    collective of its own. Otherwise `agree` all-reduces the verdict (4 bytes)."""
 
     _NEVER = torch.iinfo(torch.int64).max  # first_step until a bad step is seen
     FOLD_EVERY = 256
@@ -57,16 +63,30 @@ class NanGuard:
         # found_inf values as fused optimizers take them: float32 whatever the default dtype.
         self._zero = torch.zeros((), dtype=torch.float32, device=device)
         self._one = torch.ones((), dtype=torch.float32, device=device)
+        self._factors: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
         self._losses: list[torch.Tensor] = []
         self._verdicts: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
 
-    def observe_loss(self, loss: torch.Tensor) -> None:
-        """Remember a micro-batch loss of this rank for the step's check (no kernel, no sync)."""
+    def observe_loss(self, loss: torch.Tensor, *, carry: bool = False) -> torch.Tensor:
+        """Remember a micro-batch loss of this rank for the step's check (no sync); returns the
+        loss to backward, which with `carry` makes the gradients NaN when the loss is not
+        finite (see the class docstring)."""
         self._losses.append(loss.detach())
+        if not carry:
+            return loss
+        if loss.dtype not in self._factors:
+            one = torch.ones((), dtype=loss.dtype, device=loss.device)
+            self._factors[loss.dtype] = (one, torch.full_like(one, float("nan")))
+        one, nan = self._factors[loss.dtype]
+        return loss * torch.where(torch.isfinite(loss.detach()), one, nan)
 
-    def agree(self, grad_norm: torch.Tensor, step: int, *, include_grads: bool) -> torch.Tensor:
+    def agree(
+        self, grad_norm: torch.Tensor, step: int, *, include_grads: bool, carried: bool = False
+    ) -> torch.Tensor:
         """The step's global verdict: a 0-dim float32 tensor, 1.0 when any rank saw a
-        non-finite value, else 0.0 (the `found_inf` a fused optimizer skips its update by)."""
+        non-finite value, else 0.0 (the `found_inf` a fused optimizer skips its update by).
+        `carried`: the losses were observed with carry=True and `grad_norm` is the norm of
+        gradients reduced across ranks, so every rank's verdict is already the same."""
         losses, self._losses = self._losses, []
         loss_ok: torch.Tensor | None = None
         if len(losses) == 1:
@@ -78,7 +98,7 @@ class NanGuard:
             norm_ok = torch.isfinite(grad_norm).reshape(())
             ok = norm_ok if loss_ok is None else norm_ok.logical_and_(loss_ok)
         bad = self._zero.clone() if ok is None else torch.where(ok, self._zero, self._one)
-        if dist.is_initialized() and self.world_size > 1:
+        if dist.is_initialized() and self.world_size > 1 and not (carried and include_grads):
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         self._verdicts.append((step, bad, loss_ok))
         if len(self._verdicts) >= self.FOLD_EVERY:

@@ -122,19 +122,29 @@ def optimizer_step(parts: StepParts, micro_batches: Iterable[Any], *, step: int)
     micro-loss is divided by their number, so k micro-batches equal one k-times-larger batch.
     """
     batches = list(micro_batches)
+    carry = _gradients_carry_the_verdict(parts)
     for i, batch in enumerate(batches):
         with _maybe_no_sync(parts, index=i, count=len(batches)):
             with parts.precision.autocast():
                 loss, extra = split_output(parts.train_step(parts.model, batch))
-            parts.guard.observe_loss(loss)
+            to_backward = parts.guard.observe_loss(loss, carry=carry)
             # x / 1 == x bitwise: one launch fewer per step without accumulation.
-            parts.precision.backward(loss / len(batches) if len(batches) > 1 else loss)
+            n = len(batches)
+            parts.precision.backward(to_backward / n if n > 1 else to_backward)
         # Kept by reference, no launch until a logging point; a copy when graphs would overwrite.
         kept = {"loss": loss, **extra}
         for name, value in kept.items():
             parts.metrics.add(name, value.detach().clone() if parts.copy_outputs else value)
         parts.metrics.add("samples", float(batch_size_of(batch)), reduce="sum")
-    _update(parts, step)
+    _update(parts, step, carried=carry)
+
+
+def _gradients_carry_the_verdict(parts: StepParts) -> bool:
+    """Whether a non-finite loss can reach every rank through the gradients (NanGuard): they
+    are reduced across ranks (DDP or FSDP) and no loss scaler decides about overflows."""
+    if parts.guard.world_size < 2 or parts.precision.scaler is not None:
+        return False
+    return ddp_module(parts.model) is not None or is_sharded(unwrap(parts.model))
 
 
 def _maybe_no_sync(
@@ -155,7 +165,7 @@ def _maybe_no_sync(
     return contextlib.nullcontext()
 
 
-def _update(parts: StepParts, step: int) -> None:
+def _update(parts: StepParts, step: int, *, carried: bool = False) -> None:
     opt = parts.optimizer
     parts.precision.unscale_(opt)
     grads = _grads(opt)
@@ -166,7 +176,7 @@ def _update(parts: StepParts, step: int) -> None:
         )
     # Under fp16 an overflow is the scaler's business (reported as scaler_skips), not a NaN event.
     fp16 = parts.precision.scaler is not None
-    bad = parts.guard.agree(norm, step, include_grads=not fp16)
+    bad = parts.guard.agree(norm, step, include_grads=not fp16, carried=carried and bool(grads))
     if fp16:
         parts.precision.step(opt)
     elif parts.guard.masks_update:
