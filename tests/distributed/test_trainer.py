@@ -60,9 +60,13 @@ def test_nan_on_one_rank_skip_equals_removing_the_batch(tmp_path: Path, opt: str
 
 
 @pytest.mark.timeout(180)
-def test_a_non_finite_loss_with_finite_gradients_is_skipped_on_every_rank(tmp_path: Path) -> None:
-    """The verdict travels with the gradients (a NaN loss factor), not in an all-reduce."""
-    r = scenario(tmp_path, "nan_loss")
+@pytest.mark.parametrize("policy", ["skip", "count"])
+def test_a_non_finite_loss_with_finite_gradients_is_seen_on_every_rank(
+    tmp_path: Path, policy: str
+) -> None:
+    """skip: the verdict travels with the gradients (a NaN loss factor), not in an all-reduce;
+    count: the update is applied, so the gradients must stay finite (an all-reduce tells)."""
+    r = scenario(tmp_path, "nan_loss", f"policy={policy}")
     assert r["steps"] == 6 and r["nonfinite"] == 1 and r["ranks_agree"]
     assert max_diff(r["params"], r["reference"]) < 1e-6
 

@@ -169,8 +169,10 @@ def scenario_nan(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
 
 def scenario_nan_loss(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     """Only the loss is non-finite: step 3, rank 1 (sample 42 flagged), finite gradients. The
-    other rank must learn it (through the gradients or an all-reduce) and skip the step too."""
-    cfg = config("data.batch_size=8", "train.epochs=1", "train.nan_policy=skip")
+    other rank must learn it (through the gradients or an all-reduce): under skip both drop the
+    step (as if the batch were removed), under count both apply its finite update."""
+    policy = args["policy"]
+    cfg = config("data.batch_size=8", "train.epochs=1", f"train.nan_policy={policy}")
     x, y = regression_data().tensors
     flag = torch.zeros(N)
     flag[42] = 1.0
@@ -189,6 +191,8 @@ def scenario_nan_loss(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
 
     trainer, history = train(TensorDataset(x, y, flag))
     keep = torch.cat([torch.arange(0, 32), torch.arange(48, N)])  # that global batch removed
+    if policy == "count":
+        keep = torch.arange(N)  # nothing removed: the inf adds no gradient
     reference, _ = train(TensorDataset(x[keep], y[keep], torch.zeros(len(keep))))
     params = torch.tensor(flat_params(trainer.model))
     gathered = [torch.zeros_like(params) for _ in range(d.env.world_size)]

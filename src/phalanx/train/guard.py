@@ -44,7 +44,8 @@ class NanGuard:
     FOLD_EVERY steps in a loop that never reports, so nothing grows without bound.
 
     Several ranks must reach the same verdict. Where the gradients are reduced across ranks
-    (DDP, FSDP) and no loss scaler runs, the gradients carry it: `observe_loss(carry=True)`
+    (DDP, FSDP), no loss scaler runs and a bad step's update is masked (skip, stop), the
+    gradients carry it: `observe_loss(carry=True)`
     returns the loss to backward as `loss * 1` (bitwise the loss) when finite and `loss * nan`
     when not, so a rank's non-finite loss makes its gradients NaN, the reduction spreads them
     to every rank, and each rank's verdict on the reduced gradients is the same without a

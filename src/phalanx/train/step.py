@@ -141,8 +141,11 @@ def optimizer_step(parts: StepParts, micro_batches: Iterable[Any], *, step: int)
 
 def _gradients_carry_the_verdict(parts: StepParts) -> bool:
     """Whether a non-finite loss can reach every rank through the gradients (NanGuard): they
-    are reduced across ranks (DDP or FSDP) and no loss scaler decides about overflows."""
-    if parts.guard.world_size < 2 or parts.precision.scaler is not None:
+    are reduced across ranks (DDP or FSDP), no loss scaler decides about overflows, and a bad
+    step's update is masked (under nan_policy=count it is applied: NaN gradients would ruin
+    the weights that a loss-only inf leaves intact)."""
+    guard = parts.guard
+    if guard.world_size < 2 or parts.precision.scaler is not None or not guard.masks_update:
         return False
     return ddp_module(parts.model) is not None or is_sharded(unwrap(parts.model))
 
