@@ -18,13 +18,13 @@ Precision = Literal["fp32", "bf16", "fp16"]
 Strategy = Literal["auto", "single", "ddp", "fsdp", "hsdp"]
 STRATEGIES = ("auto", "single", "ddp", "fsdp", "hsdp")
 SHARDED_STRATEGIES = ("fsdp", "hsdp")
+"""Strategies whose parameters are DTensor shards (FSDP2): sharded checkpoints, an optimizer
+factory, no fp16."""
 CompileMode = Literal["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"]
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
 """torch.compile modes that replay CUDA graphs: a graph's outputs are overwritten by its next
 replay, so whatever outlives a step (the metrics' loss) must be a copy."""
-"""Strategies whose parameters are DTensor shards (FSDP2): sharded checkpoints, an optimizer
-factory, no fp16."""
 NanPolicy = Literal["skip", "stop", "count"]
 LrScaling = Literal["none", "linear"]
 
