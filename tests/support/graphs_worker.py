@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from trainer_worker import config, make_model, regression_data  # same folder: sys.path[0]
+from trainer_common import config, make_model, regression_data  # same folder: sys.path[0]
 
 import phalanx
 

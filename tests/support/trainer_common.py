@@ -1,0 +1,91 @@
+"""What the Trainer test workers share: a small regression problem, its model and step, a
+config helper, a Trainer run and the plain DDP loop it is compared with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import TensorDataset
+
+import phalanx
+from phalanx.config import load
+from phalanx.train import unwrap
+
+N, DIM = 96, 6
+
+
+def regression_data(n: int = N, bad_index: int | None = None) -> TensorDataset:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, DIM, generator=gen)
+    y = x @ torch.randn(DIM, 1, generator=gen) + 0.1 * torch.randn(n, 1, generator=gen)
+    if bad_index is not None:
+        x[bad_index] = float("nan")
+    return TensorDataset(x, y)
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(DIM, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def mse_step(model: nn.Module, batch: Any) -> torch.Tensor:
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+
+
+def per_sample_eval(model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+    x, y = batch
+    err = (model(x) - y).squeeze(1)
+    return {"sq_err": err**2, "close": (err.abs() < 0.5).float()}
+
+
+def config(*overrides: str) -> phalanx.TrainerConfig:
+    base = ["data.shuffle=false", "data.num_workers=0", "train.log_every=1", "train.progress=false"]
+    return load(phalanx.TrainerConfig, overrides=[*base, *overrides])
+
+
+def flat_params(model: nn.Module) -> list[float]:
+    return torch.cat([p.detach().flatten() for p in unwrap(model).parameters()]).tolist()
+
+
+def trainer_run(
+    d: phalanx.Dist, cfg: phalanx.TrainerConfig, data: Any, opt: str = "sgd", eval_data: Any = None
+) -> tuple[phalanx.Trainer, list[dict[str, Any]]]:
+    factories = {
+        "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+        "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+        "adamw_fused": lambda p: torch.optim.AdamW(p, lr=0.01, fused=True),
+    }
+    trainer = phalanx.Trainer(
+        d,
+        config=cfg,
+        model=make_model(),
+        optimizer=factories[opt],
+        train_data=data,
+        train_step=mse_step,
+        eval_data=eval_data,
+        eval_step=per_sample_eval if eval_data is not None else None,
+    )
+    return trainer, trainer.fit()
+
+
+def hand_loop(d: phalanx.Dist, data: TensorDataset, batch: int, steps: int) -> dict[str, Any]:
+    """Plain DDP: rank r takes slice [k*B*W + r*B, +B) of the unshuffled data at step k."""
+    model = DistributedDataParallel(make_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = data.tensors
+    losses = []
+    world, rank = d.env.world_size, d.env.rank
+    for k in range(steps):
+        lo = k * batch * world + rank * batch
+        loss = nn.functional.mse_loss(model(x[lo : lo + batch]), y[lo : lo + batch])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mean = loss.detach().clone()
+        torch.distributed.all_reduce(mean)
+        losses.append(mean.item() / world)
+    return {"losses": losses, "params": flat_params(model)}
