@@ -44,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 import phalanx
 import phalanx.horovod as hvd
 from phalanx.config import load
-from phalanx.train.strategy import _buffer_sync  # the keyword this torch has, no warning
+from phalanx.train.strategy import ddp_buffer_sync  # the keyword this torch has, no warning
 
 RESULTS = Path(__file__).parent / "results"
 ModelFactory = Callable[[], nn.Module]
@@ -147,7 +147,7 @@ def run_hand_ddp(
     torch.manual_seed(0)
     ids = [device.index] if device.type == "cuda" else None
     model = DistributedDataParallel(
-        build().to(device), device_ids=ids, gradient_as_bucket_view=True, **_buffer_sync(False)
+        build().to(device), device_ids=ids, gradient_as_bucket_view=True, **ddp_buffer_sync(False)
     )
     sgd = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
 

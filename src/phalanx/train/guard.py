@@ -39,9 +39,10 @@ class NanGuard:
     """Per-step bookkeeping of non-finite values, kept on the device.
 
     A step costs a few tiny kernels (issue #17 counted ~20 launches at first): `observe_loss`
-    keeps a reference; `agree` computes the step's verdict; the counters (events, first bad
-    step, bad loss seen) are folded from the kept verdicts at logging points, or every
-    FOLD_EVERY steps in a loop that never reports, so nothing grows without bound.
+    checks the loss (one kernel, no sync); `agree` computes the step's verdict; the counters
+    (events, first bad step, bad loss seen) are folded from the kept verdicts at logging
+    points, or every FOLD_EVERY steps in a loop that never reports, so nothing grows without
+    bound.
 
     Several ranks must reach the same verdict. Where the gradients are reduced across ranks
     (DDP, FSDP), no loss scaler runs and a bad step's update is masked (skip, stop), the
@@ -65,21 +66,22 @@ class NanGuard:
         self._zero = torch.zeros((), dtype=torch.float32, device=device)
         self._one = torch.ones((), dtype=torch.float32, device=device)
         self._factors: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._losses: list[torch.Tensor] = []
+        self._finite: list[torch.Tensor] = []  # the step's micro-batch losses, finite or not
         self._verdicts: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
 
     def observe_loss(self, loss: torch.Tensor, *, carry: bool = False) -> torch.Tensor:
-        """Remember a micro-batch loss of this rank for the step's check (no sync); returns the
+        """Check a micro-batch loss of this rank for the step's verdict (no sync); returns the
         loss to backward, which with `carry` makes the gradients NaN when the loss is not
         finite (see the class docstring)."""
-        self._losses.append(loss.detach())
+        finite = torch.isfinite(loss.detach()).reshape(())
+        self._finite.append(finite)
         if not carry:
             return loss
         if loss.dtype not in self._factors:
             one = torch.ones((), dtype=loss.dtype, device=loss.device)
             self._factors[loss.dtype] = (one, torch.full_like(one, float("nan")))
         one, nan = self._factors[loss.dtype]
-        return loss * torch.where(torch.isfinite(loss.detach()), one, nan)
+        return loss * torch.where(finite, one, nan)
 
     def agree(
         self, grad_norm: torch.Tensor, step: int, *, include_grads: bool, carried: bool = False
@@ -88,12 +90,12 @@ class NanGuard:
         non-finite value, else 0.0 (the `found_inf` a fused optimizer skips its update by).
         `carried`: the losses were observed with carry=True and `grad_norm` is the norm of
         gradients reduced across ranks, so every rank's verdict is already the same."""
-        losses, self._losses = self._losses, []
+        finite, self._finite = self._finite, []
         loss_ok: torch.Tensor | None = None
-        if len(losses) == 1:
-            loss_ok = torch.isfinite(losses[0]).reshape(())
-        elif losses:
-            loss_ok = torch.isfinite(torch.stack([t.reshape(()) for t in losses])).all()
+        if len(finite) == 1:
+            loss_ok = finite[0]
+        elif finite:
+            loss_ok = torch.stack(finite).all()
         ok = loss_ok
         if include_grads:
             norm_ok = torch.isfinite(grad_norm).reshape(())

@@ -132,7 +132,7 @@ def wrap_model(
         wrapped = DistributedDataParallel(
             model, device_ids=device_ids, gradient_as_bucket_view=True,
             static_graph=static_graph, bucket_cap_mb=bucket_mb,
-            **_buffer_sync(broadcast_buffers),
+            **ddp_buffer_sync(broadcast_buffers),
         )  # fmt: skip
     return _maybe_compile(wrapped, compile, compile_mode)
 
@@ -186,7 +186,7 @@ def _pretrained_init(path: Path | str, init_weights: InitFn | None, read: Read) 
     return init
 
 
-def _buffer_sync(every_forward: bool) -> dict[str, Any]:
+def ddp_buffer_sync(every_forward: bool) -> dict[str, Any]:
     """DDP's keyword for skipping the buffer copy before each forward: torch 2.13 renamed
     broadcast_buffers to forward_sync_buffers and warns on the old name (the new one still
     syncs at construction, which keeps every rank's start identical). Default: nothing."""
