@@ -57,11 +57,12 @@ def scenario_accumulation(d: phalanx.Dist, args: dict[str, str]) -> dict[str, An
     return {
         "accum": runs[4],
         "single": runs[1],
-        "allreduces": {str(k): count_allreduces(d, k) for k in (1, 4)},
+        "allreduces": {str(k): count_allreduces(d, k) for k in (1, 4)}
+        | {"count": count_allreduces(d, 1, policy="count")},
     }
 
 
-def count_allreduces(d: phalanx.Dist, accum: int) -> int:
+def count_allreduces(d: phalanx.Dist, accum: int, *, policy: str = "skip") -> int:
     """All-reduces in ONE optimizer step of `accum` micro-batches, counted by torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -73,7 +74,7 @@ def count_allreduces(d: phalanx.Dist, accum: int) -> int:
         optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
         train_step=mse_step,
         precision=Precision("fp32", d.device),
-        guard=NanGuard("skip", d.device, rank=d.env.rank, world_size=d.env.world_size),
+        guard=NanGuard(policy, d.device, rank=d.env.rank, world_size=d.env.world_size),
         metrics=Metrics(d.device),
         clip_grad_norm=0.0,
     )

@@ -2,7 +2,9 @@
 
 Agreement: with DDP the gradients are already averaged, so a NaN gradient on one rank is a NaN
 global norm on every rank; a non-finite LOSS on one rank is added by one tiny device all-reduce
-(MAX of a 0.0/1.0 flag). No value reaches the host except at logging points.
+(MAX of a 0.0/1.0 flag) where the flag decides the update, or carried by the gradients (see
+NanGuard); where it does not (count), the flags meet at logging points. No value reaches the
+host except at logging points.
 
 Policies:
 - skip: the optimizer update is masked. Fused optimizers (Adam/AdamW/SGD with fused=True) take
@@ -50,7 +52,9 @@ class NanGuard:
     returns the loss to backward as `loss * 1` (bitwise the loss) when finite and `loss * nan`
     when not, so a rank's non-finite loss makes its gradients NaN, the reduction spreads them
     to every rank, and each rank's verdict on the reduced gradients is the same without a
-    collective of its own. Otherwise `agree` all-reduces the verdict (4 bytes)."""
+    collective of its own. Otherwise `agree` all-reduces the verdict (4 bytes) where it decides
+    the update (skip, stop); where it does not (count, or fp16, whose scaler decides), the
+    ranks' verdicts are kept as they are and agreed in one all-reduce when they are folded."""
 
     _NEVER = torch.iinfo(torch.int64).max  # first_step until a bad step is seen
     FOLD_EVERY = 256
@@ -68,6 +72,7 @@ class NanGuard:
         self._factors: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
         self._finite: list[torch.Tensor] = []  # the step's micro-batch losses, finite or not
         self._verdicts: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
+        self._unagreed = False  # some kept verdict is still this rank's own
 
     def observe_loss(self, loss: torch.Tensor, *, carry: bool = False) -> torch.Tensor:
         """Check a micro-batch loss of this rank for the step's verdict (no sync); returns the
@@ -84,12 +89,16 @@ class NanGuard:
         return loss * torch.where(finite, one, nan)
 
     def agree(
-        self, grad_norm: torch.Tensor, step: int, *, include_grads: bool, carried: bool = False
-    ) -> torch.Tensor:
+        self, grad_norm: torch.Tensor, step: int, *, include_grads: bool, carried: bool = False,
+        decides: bool = True,
+    ) -> torch.Tensor:  # fmt: skip
         """The step's global verdict: a 0-dim float32 tensor, 1.0 when any rank saw a
         non-finite value, else 0.0 (the `found_inf` a fused optimizer skips its update by).
         `carried`: the losses were observed with carry=True and `grad_norm` is the norm of
-        gradients reduced across ranks, so every rank's verdict is already the same."""
+        gradients reduced across ranks, so every rank's verdict is already the same.
+        `decides=False`: the caller applies or skips the update without this verdict (nan_policy
+        count, a loss scaler), so it is only counted: returned as this rank's own, and agreed
+        across ranks when the verdicts are folded (one all-reduce for many steps)."""
         finite, self._finite = self._finite, []
         loss_ok: torch.Tensor | None = None
         if len(finite) == 1:
@@ -102,19 +111,28 @@ class NanGuard:
             ok = norm_ok if loss_ok is None else norm_ok.logical_and_(loss_ok)
         bad = self._zero.clone() if ok is None else torch.where(ok, self._zero, self._one)
         if dist.is_initialized() and self.world_size > 1 and not (carried and include_grads):
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+            if decides:
+                dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+            else:
+                self._unagreed = True
         self._verdicts.append((step, bad, loss_ok))
         if len(self._verdicts) >= self.FOLD_EVERY:
             self._fold()
         return bad
 
     def _fold(self) -> None:
-        """The kept verdicts added to the counters (a few launches for all of them)."""
+        """The kept verdicts added to the counters (a few launches for all of them). Collective
+        when some verdict is not agreed yet: every rank folds at the same steps (every
+        FOLD_EVERY steps and at logging points)."""
         if not self._verdicts:
             return
         steps, verdicts, loss_oks = zip(*self._verdicts, strict=True)
         self._verdicts = []
-        bad = torch.stack(verdicts) > 0
+        stacked = torch.stack(verdicts)
+        if self._unagreed:  # the agreed ones are equal on every rank: MAX keeps them
+            dist.all_reduce(stacked, op=dist.ReduceOp.MAX)
+            self._unagreed = False
+        bad = stacked > 0
         self.events.add_(bad.sum())
         at = host_to_device(list(steps), self.events.device, torch.int64)
         torch.minimum(self._first, torch.where(bad, at, self._NEVER).min(), out=self._first)

@@ -179,7 +179,10 @@ def _update(parts: StepParts, step: int, *, carried: bool = False) -> None:
         )
     # Under fp16 an overflow is the scaler's business (reported as scaler_skips), not a NaN event.
     fp16 = parts.precision.scaler is not None
-    bad = parts.guard.agree(norm, step, include_grads=not fp16, carried=carried and bool(grads))
+    bad = parts.guard.agree(
+        norm, step, include_grads=not fp16, carried=carried and bool(grads),
+        decides=parts.guard.masks_update and not fp16,
+    )  # fmt: skip
     if fp16:
         parts.precision.step(opt)
     elif parts.guard.masks_update:
