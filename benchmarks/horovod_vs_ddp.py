@@ -51,7 +51,9 @@ ModelFactory = Callable[[], nn.Module]
 SIDES = ("shim", "hand_ddp", "ddp", "ddp_log", "ddp_sync")
 """hand_ddp: a hand loop on torch's DDP; ddp: the Trainer, buffers per rank, as Horovod;
 ddp_log: the same, logging every --warmup steps inside the timed window (what logging costs);
-ddp_sync: the Trainer, rank 0's buffers broadcast before each forward (torch's default)."""
+ddp_sync: the Trainer, rank 0's buffers broadcast before each forward (torch's default).
+A Trainer side may carry a variant, "ddp:train.x=y,data.z=w": its settings after the side's
+own, interleaved with the rest (what one setting costs, measured in one run)."""
 TRAINER_SIDES = {
     "ddp": ["train.ddp_broadcast_buffers=false"],
     "ddp_log": ["train.ddp_broadcast_buffers=false"],
@@ -198,16 +200,18 @@ class Timer(phalanx.Callback[phalanx.Trainer]):
 
 def trainer_config(args: argparse.Namespace, run_root: str, side: str) -> phalanx.TrainerConfig:
     end = args.warmup + args.steps + 1  # one step after the window: its only logging point
+    base, _, variant = side.partition(":")
     overrides = [
         "train.strategy=ddp", f"train.max_steps={end}",
-        f"train.log_every={args.warmup if side == 'ddp_log' else end}",
+        f"train.log_every={args.warmup if base == 'ddp_log' else end}",
         f"data.batch_size={args.batch_size}",
         "data.num_workers=0", "data.shuffle=false", "train.progress=false",
         "checkpoint.at_end=false", "track.plots=false", "track.trackers=jsonl",
         # Horovod applies every update; so does `count` (skip/stop would mask non-finite ones,
         # which with the non-fused SGD here costs a host read per step: phalanx warns of it).
         "train.nan_policy=count",
-        *TRAINER_SIDES[side], f"run.root={run_root}", "run.name=ddp", *args.overrides,
+        *TRAINER_SIDES[base], f"run.root={run_root}", "run.name=ddp", *args.overrides,
+        *(variant.split(",") if variant else []),
     ]  # fmt: skip
     return load(phalanx.TrainerConfig, overrides=overrides)
 
@@ -253,11 +257,12 @@ def paired(side: dict[str, Any], base: dict[str, Any]) -> float:
 
 
 def report(results: dict[str, Any]) -> str:
-    rows = [f"{'':9}{'median img/s/GPU':>18}{'spread':>9}  per repetition"]
+    width = max(9, *(len(name) + 1 for name in results["sides"]))
+    rows = [f"{'':{width}}{'median img/s/GPU':>18}{'spread':>9}  per repetition"]
     for name in results["sides"]:
         r = results[name]
         reps = " ".join(f"{v:.0f}" for v in r["img_per_s_per_gpu"])
-        rows.append(f"{name:9}{r['median']:>18.1f}{r['spread_pct']:>8.1f}%  {reps}")
+        rows.append(f"{name:{width}}{r['median']:>18.1f}{r['spread_pct']:>8.1f}%  {reps}")
     for key, (pct, pair) in results["comparisons"].items():
         verdict = ""
         if key == "shim vs ddp":
@@ -269,8 +274,9 @@ def report(results: dict[str, Any]) -> str:
 def comparisons(sides: dict[str, Any]) -> dict[str, tuple[float, float]]:
     """'a vs b' -> (ratio of medians - 1, ratio paired by repetition - 1), in percent, for the
     sides that ran. 'shim vs ddp' is the goal's comparison; 'ddp_log vs ddp' prices logging."""
-    wanted = [(a, b) for a in ("shim", "hand_ddp") for b in TRAINER_SIDES]
-    wanted.append(("ddp_log", "ddp"))
+    trainer = [s for s in sides if s.partition(":")[0] in TRAINER_SIDES]
+    wanted = [(a, b) for a in ("shim", "hand_ddp") for b in trainer]
+    wanted += [(a, "ddp") for a in trainer if a != "ddp"]
     return {
         f"{a} vs {b}": (percent(sides[a], sides[b]), paired(sides[a], sides[b]))
         for a, b in wanted
@@ -285,13 +291,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps (a logging point)")
     parser.add_argument("--steps", type=int, default=100, help="timed steps, a multiple of warmup")
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each side")
-    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    parser.add_argument("--sides", nargs="+", default=list(SIDES), help=f"of {SIDES}[:variant]")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU run: 1 rep, small CNN")
     parser.add_argument("--out", default="", help="JSON path (default benchmarks/results/...)")
     parser.add_argument("overrides", nargs="*", help="train.x=y for both Trainer sides")
     args = parser.parse_args(argv)
     if args.smoke:
         args.model, args.batch_size, args.warmup, args.steps, args.reps = "small", 4, 2, 4, 1
+    unknown = [s for s in args.sides if s.partition(":")[0] not in SIDES]
+    if unknown or any(":" in s and s.partition(":")[0] not in TRAINER_SIDES for s in args.sides):
+        parser.error(f"--sides: each of {SIDES}, a Trainer side with ':train.x=y,...' at most")
     if args.steps % args.warmup:
         parser.error("--steps must be a multiple of --warmup (the Trainer's logging points)")
     return args
@@ -304,7 +313,7 @@ def main() -> None:
         name, build, image = model_factory(args.model)
         batch = Batch(args.batch_size, image, d.device, d.env.rank)
         run_root = str(Path(tempfile.gettempdir()) / "phalanx-horovod-vs-ddp")  # not kept
-        sides = [s for s in SIDES if s in args.sides]
+        sides = list(dict.fromkeys(args.sides))
         seconds: dict[str, list[float]] = {side: [] for side in sides}
         for rep in range(args.reps):
             turn = rep % len(sides)
