@@ -26,12 +26,13 @@ example's 3-layer CNN on 32x32 images, which keeps the fallback the example has)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +295,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sides", nargs="+", default=list(SIDES), help=f"of {SIDES}[:variant]")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU run: 1 rep, small CNN")
     parser.add_argument("--out", default="", help="JSON path (default benchmarks/results/...)")
+    parser.add_argument("--profile", default="", help="folder for rank 0's timelines (--reps 1)")
     parser.add_argument("overrides", nargs="*", help="train.x=y for both Trainer sides")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -304,6 +306,24 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.steps % args.warmup:
         parser.error("--steps must be a multiple of --warmup (the Trainer's logging points)")
     return args
+
+
+@contextlib.contextmanager
+def traced(folder: str, side: str, rank: int) -> Iterator[None]:
+    """--profile: the side's whole run under torch.profiler (CPU and CUDA), its timeline
+    written as FOLDER/SIDE.json by rank 0 (the optimizer's step annotations mark the steps)."""
+    if not folder or rank != 0:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        yield
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(Path(folder) / f"{side.replace(':', '_')}.json"))
 
 
 def main() -> None:
@@ -318,12 +338,13 @@ def main() -> None:
         for rep in range(args.reps):
             turn = rep % len(sides)
             for side in sides[turn:] + sides[:turn]:
-                if side == "shim":
-                    took = run_shim(build, batch, args, d.device)
-                elif side == "hand_ddp":
-                    took = run_hand_ddp(build, batch, args, d.device)
-                else:
-                    took = run_ddp(d, build, batch, args, run_root, side)
+                with traced(args.profile, side, d.env.rank):
+                    if side == "shim":
+                        took = run_shim(build, batch, args, d.device)
+                    elif side == "hand_ddp":
+                        took = run_hand_ddp(build, batch, args, d.device)
+                    else:
+                        took = run_ddp(d, build, batch, args, run_root, side)
                 seconds[side].append(took)
         if d.env.is_main_process:
             write(args, name, d, {side: summary(s, args) for side, s in seconds.items()})
