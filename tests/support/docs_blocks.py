@@ -4,7 +4,10 @@ Each fenced block carries a marker in the HTML comment right above it:
 
 - `<!-- file: NAME -->`  the block is saved as NAME in the page's working directory;
 - `<!-- run -->`  a bash block, run there with `bash -eu -o pipefail` (optionally
-  `expect="TEXT"`: TEXT must appear in its output);
+  `expect="TEXT"`: TEXT must appear in its output; `same="PREFIX"`: its last output line that
+  starts with PREFIX must equal that of the page's first block marked with the same PREFIX —
+  for values that agree between runs but whose digits depend on the CPU, such as a checksum
+  of weights trained with float arithmetic);
 - `<!-- gpu -->`  needs CUDA GPUs: not run here (the only kind of block allowed to skip);
 - `<!-- covered-by: PATH -->`  run by the named test, which must exist.
 
@@ -57,6 +60,7 @@ def check_marks(page: Path) -> None:
 
 def run_page(page: Path, cwd: Path, env: Mapping[str, str], timeout: float = 120) -> None:
     """Save the file blocks and run the run blocks of `page` in `cwd`, in page order."""
+    first_seen: dict[str, str] = {}  # same="PREFIX" -> the line the first such block printed
     for block in blocks(page):
         if block.marker.startswith("file:"):
             path = cwd / block.marker.split(":", 1)[1].strip()
@@ -71,3 +75,9 @@ def run_page(page: Path, cwd: Path, env: Mapping[str, str], timeout: float = 120
             assert expect is None or expect[1] in output, (
                 f"{page.name}: {expect[1]!r} not in the output of\n{block.body}\n{output[-2000:]}"
             )
+            same = re.search(r'same="([^"]*)"', block.marker)
+            if same is not None:
+                lines = [line for line in output.splitlines() if line.startswith(same[1])]
+                assert lines, f"{page.name}: no line {same[1]!r}... in the output of\n{block.body}"
+                first = first_seen.setdefault(same[1], lines[-1])
+                assert lines[-1] == first, f"{page.name}: {lines[-1]!r}, earlier {first!r}"
