@@ -64,7 +64,9 @@ def analyse(
 ) -> dict[str, Any]:
     if trace is not None:  # a Chrome/Perfetto timeline of the window, for a look by eye
         prof.export_chrome_trace(str(trace))
-    events = list(prof.events())
+    # A range annotation (record_function, ProfilerStep#) also appears on the GPU's timeline
+    # when kernels ran inside it (torch >= 2.4): those copies are neither steps nor kernels.
+    events = [e for e in prof.events() if not _gpu_annotation(e)]
     steps = sorted(
         (e.time_range.start, e.time_range.end) for e in events if e.name.startswith("ProfilerStep")
     )
@@ -173,6 +175,12 @@ def device_time(events: list[Any], steps: list[tuple[float, float]]) -> dict[str
             k: round(v / n / 1e3, 3) for k, v in idle.most_common(10)
         },
     }
+
+
+def _gpu_annotation(event: Any) -> bool:
+    return event.device_type == torch.autograd.DeviceType.CUDA and (
+        getattr(event, "is_user_annotation", False) or event.name.startswith("ProfilerStep")
+    )
 
 
 def _part_name(name: str) -> str:

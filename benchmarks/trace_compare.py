@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+STEP_MARK = "Optimizer.step#"
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -36,7 +37,7 @@ def step_window(events: list[dict[str, Any]], skip: int) -> tuple[float, float, 
     marks = sorted(
         (e["ts"], e["tid"])
         for e in events
-        if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("Optimizer.step#")
+        if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(STEP_MARK)
     )
     if len(marks) < skip + 2:
         raise SystemExit(f"error: {len(marks)} optimizer steps in the trace; need > {skip + 1}")
