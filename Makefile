@@ -20,8 +20,14 @@ demo-data:
 	@dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
 	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q dataset-fashion-mnist; }
 
+# The pure, dist and gpu layers on two pytest workers (each dist test is mostly process start-up
+# and waiting: two at a time fill the 2-core CI machine); then the cluster layer alone, in one
+# process: its tests share one SLURM cluster and time signals and grace periods. Both always run.
 test: system-deps setup lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests --durations=30
+	status=0; \
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m "not cluster" -n 2 --durations=30 || status=$$?; \
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m cluster --durations=15 || status=$$?; \
+	exit $$status
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import types
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -172,11 +173,20 @@ def test_workers_ignore_preemption_signals_from_birth() -> None:
     assert [bool(b) for b in loader] == [True, True]
 
 
-def test_the_fork_server_preloads_the_packages_the_script_imported() -> None:
-    names = script_packages()
-    # This process's __main__ is pytest's: `from pytest import console_main as _console_main`.
-    assert {"torch", "phalanx", "_pytest"} <= set(names)
-    assert "builtins" not in names and all("." not in name for name in names)
+def test_the_fork_server_preloads_the_packages_the_script_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A script's globals: a module, a function and a class imported by name, a dunder the
+    # interpreter set, a plain value (whose type is a builtin). Not this process's own __main__:
+    # that is pytest's or, on an xdist worker, execnet's.
+    import email.message
+    import json
+
+    main = types.ModuleType("__main__")
+    vars(main).update(message=email.message, dumps=json.dumps, Path=Path, count=3)
+    vars(main)["__loader__"] = object()
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert script_packages() == ["email", "json", "pathlib", "phalanx", "torch"]
 
 
 def signal_new_fork_servers(stop: threading.Event) -> None:
