@@ -20,12 +20,14 @@ demo-data:
 	@dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
 	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q dataset-fashion-mnist; }
 
-# The pure, dist and gpu layers on two pytest workers (each dist test is mostly process start-up
-# and waiting: two at a time fill the 2-core CI machine); then the cluster layer alone, in one
+# The pure, dist and gpu layers on two pytest workers (a dist test alone leaves part of the two
+# CI cores idle: ranks wait on each other, processes start one after another; `worksteal`: a
+# worker that runs out takes tests queued on the other, as xdist's default hands each worker a
+# fixed share at the start, which put nearly all dist tests on one); then the cluster layer alone, in one
 # process: its tests share one SLURM cluster and time signals and grace periods. Both always run.
 test: system-deps setup lint
 	status=0; \
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m "not cluster" -n 2 --durations=30 || status=$$?; \
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m "not cluster" -n 2 --dist worksteal --durations=30 || status=$$?; \
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m cluster --durations=15 || status=$$?; \
 	exit $$status
 
