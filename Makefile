@@ -25,7 +25,7 @@ demo-data:
 # worker that runs out takes tests queued on the other, as xdist's default hands each worker a
 # fixed share at the start, which put nearly all dist tests on one); then the cluster layer
 # alone, in one process: its tests share one SLURM cluster and time signals and grace periods.
-# Both always run; the exit status is the first failure's.
+# Both always run; `make test` fails when either does.
 test: system-deps setup lint
 	status=0; \
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m "not cluster" -n 2 --dist worksteal --durations=30 || status=$$?; \
