@@ -142,7 +142,8 @@ class NanGuard:
 
     @property
     def first_step(self) -> torch.Tensor:
-        """The first step with a non-finite value; -1 when there was none."""
+        """The first step with a non-finite value; -1 when there was none. Like report(),
+        call it on every rank: folding verdicts that are not agreed yet is a collective."""
         self._fold()
         return torch.where(self._first == self._NEVER, -1, self._first)
 
