@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import resource
 import statistics
 import tempfile
 import time
@@ -109,11 +110,23 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def slowest(seconds: float) -> float:
-    """The largest of every rank's time: a step is as slow as its slowest rank."""
-    value = torch.tensor([seconds], dtype=torch.float64)
+Span = tuple[float, float, float]
+"""(wall seconds, the main thread's CPU seconds, its voluntary context switches) of a window:
+CPU time near the wall time means the launching thread was busy; far below it, it waited."""
+
+
+def clock() -> Span:
+    usage = resource.getrusage(resource.RUSAGE_THREAD)  # this (the launching) thread alone
+    return time.perf_counter(), usage.ru_utime + usage.ru_stime, float(usage.ru_nvcsw)
+
+
+def slowest(start: Span, end: Span) -> Span:
+    """Each of the window's measures, the largest over ranks: a step is as slow as its
+    slowest rank."""
+    value = torch.tensor([b - a for a, b in zip(start, end, strict=True)], dtype=torch.float64)
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=hvd_cpu_group())
-    return float(value.item())
+    wall, cpu, switches = value.tolist()
+    return wall, cpu, switches
 
 
 def hvd_cpu_group() -> Any:
@@ -125,7 +138,7 @@ def hvd_cpu_group() -> Any:
 
 def run_shim(
     build: ModelFactory, batch: Batch, args: argparse.Namespace, device: torch.device
-) -> float:
+) -> Span:
     """Seconds for args.steps steps of the synthetic benchmark's loop under the shim."""
     torch.manual_seed(0)
     model = build().to(device)
@@ -144,7 +157,7 @@ def run_shim(
 
 def run_hand_ddp(
     build: ModelFactory, batch: Batch, args: argparse.Namespace, device: torch.device
-) -> float:
+) -> Span:
     """The same loop by hand on torch's DDP (buffers per rank, as the shim and the `ddp`
     side): what DDP itself costs against the shim, apart from the Trainer's own work."""
     torch.manual_seed(0)
@@ -162,15 +175,15 @@ def run_hand_ddp(
     return timed(step, args, device)
 
 
-def timed(step: Callable[[], None], args: argparse.Namespace, device: torch.device) -> float:
+def timed(step: Callable[[], None], args: argparse.Namespace, device: torch.device) -> Span:
     for _ in range(args.warmup):
         step()
     sync(device)
-    start = time.perf_counter()
+    start = clock()
     for _ in range(args.steps):
         step()
     sync(device)
-    return slowest(time.perf_counter() - start)
+    return slowest(start, clock())
 
 
 class StepIndices(torch.utils.data.Dataset[int]):
@@ -187,16 +200,16 @@ class StepIndices(torch.utils.data.Dataset[int]):
 
 
 class Timer(phalanx.Callback[phalanx.Trainer]):
-    """Wall time after steps `at`, device synchronised (after that step's logging, if any)."""
+    """clock() after steps `at`, device synchronised (after that step's logging, if any)."""
 
     def __init__(self, device: torch.device, at: tuple[int, int]) -> None:
         self.device, self.at = device, at
-        self.marks: dict[int, float] = {}
+        self.marks: dict[int, Span] = {}
 
     def on_step_end(self, trainer: phalanx.Trainer) -> None:
         if trainer.state.step in self.at:
             sync(self.device)
-            self.marks[trainer.state.step] = time.perf_counter()
+            self.marks[trainer.state.step] = clock()
 
 
 def trainer_config(args: argparse.Namespace, run_root: str, side: str) -> phalanx.TrainerConfig:
@@ -220,7 +233,7 @@ def trainer_config(args: argparse.Namespace, run_root: str, side: str) -> phalan
 def run_ddp(
     d: phalanx.Dist, build: ModelFactory, batch: Batch, args: argparse.Namespace, run_root: str,
     side: str,
-) -> float:  # fmt: skip
+) -> Span:  # fmt: skip
     """Seconds for args.steps steps of the same model and batch in phalanx.Trainer (DDP)."""
     torch.manual_seed(0)
     end = args.warmup + args.steps
@@ -233,16 +246,19 @@ def run_ddp(
         train_step=lambda model, _indices: batch.loss(model), callbacks=[timer],
     )  # fmt: skip
     trainer.fit()
-    return slowest(timer.marks[end] - timer.marks[args.warmup])
+    return slowest(timer.marks[args.warmup], timer.marks[end])
 
 
-def summary(seconds: list[float], args: argparse.Namespace) -> dict[str, Any]:
-    per_gpu = [args.batch_size * args.steps / s for s in seconds]
+def summary(spans: list[Span], args: argparse.Namespace) -> dict[str, Any]:
+    per_gpu = [args.batch_size * args.steps / wall for wall, _, _ in spans]
     median = statistics.median(per_gpu)
     return {
         "img_per_s_per_gpu": [round(v, 1) for v in per_gpu],
         "median": round(median, 1),
         "spread_pct": round(100 * (max(per_gpu) - min(per_gpu)) / median, 1),
+        "step_ms": round(1000 * statistics.median(w for w, _, _ in spans) / args.steps, 3),
+        "cpu_ms_per_step": round(1000 * statistics.median(c for _, c, _ in spans) / args.steps, 3),
+        "waits_per_step": round(statistics.median(v for _, _, v in spans) / args.steps, 2),
     }
 
 
@@ -259,11 +275,17 @@ def paired(side: dict[str, Any], base: dict[str, Any]) -> float:
 
 def report(results: dict[str, Any]) -> str:
     width = max(9, *(len(name) + 1 for name in results["sides"]))
-    rows = [f"{'':{width}}{'median img/s/GPU':>18}{'spread':>9}  per repetition"]
+    rows = [
+        f"{'':{width}}{'median img/s/GPU':>18}{'spread':>9}{'ms/step':>9}{'CPU ms':>8}"
+        f"{'waits':>7}  per repetition"
+    ]
     for name in results["sides"]:
         r = results[name]
         reps = " ".join(f"{v:.0f}" for v in r["img_per_s_per_gpu"])
-        rows.append(f"{name:{width}}{r['median']:>18.1f}{r['spread_pct']:>8.1f}%  {reps}")
+        rows.append(
+            f"{name:{width}}{r['median']:>18.1f}{r['spread_pct']:>8.1f}%{r['step_ms']:>9.2f}"
+            f"{r['cpu_ms_per_step']:>8.2f}{r['waits_per_step']:>7.1f}  {reps}"
+        )
     for key, (pct, pair) in results["comparisons"].items():
         verdict = ""
         if key == "shim vs ddp":
@@ -334,7 +356,7 @@ def main() -> None:
         batch = Batch(args.batch_size, image, d.device, d.env.rank)
         run_root = str(Path(tempfile.gettempdir()) / "phalanx-horovod-vs-ddp")  # not kept
         sides = list(dict.fromkeys(args.sides))
-        seconds: dict[str, list[float]] = {side: [] for side in sides}
+        spans: dict[str, list[Span]] = {side: [] for side in sides}
         for rep in range(args.reps):
             turn = rep % len(sides)
             for side in sides[turn:] + sides[:turn]:
@@ -345,9 +367,9 @@ def main() -> None:
                         took = run_hand_ddp(build, batch, args, d.device)
                     else:
                         took = run_ddp(d, build, batch, args, run_root, side)
-                seconds[side].append(took)
+                spans[side].append(took)
         if d.env.is_main_process:
-            write(args, name, d, {side: summary(s, args) for side, s in seconds.items()})
+            write(args, name, d, {side: summary(s, args) for side, s in spans.items()})
 
 
 def write(args: argparse.Namespace, model: str, d: phalanx.Dist, sides: dict[str, Any]) -> None:
