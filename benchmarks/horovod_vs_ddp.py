@@ -16,8 +16,10 @@ builds the model from seed 0 and trains --warmup untimed then --steps timed step
 batch per rank (SGD, lr 0.01 x world size, as examples/horovod/synthetic_benchmark.py): the
 shim through hvd.DistributedOptimizer, the Trainer through its own loop, whose data set yields
 only step indices (the batch is the same fixed tensor, so no side pays for data loading). A
-repetition's time is the slowest rank's. Rank 0 prints a table (median, spread, img/s per GPU)
-and writes JSON to benchmarks/results/.
+repetition's time is the slowest rank's. Rank 0 prints a table (median, spread, img/s per GPU;
+per step: wall ms, CPU ms of the thread that launches the kernels, and its voluntary context
+switches, "waits": a side whose CPU ms rose with its wall ms does more host work per step, one
+whose waits rose blocks somewhere) and writes JSON to benchmarks/results/.
 
 --model: a torchvision model (resnet18 when torchvision is installed, else "small": the
 example's 3-layer CNN on 32x32 images, which keeps the fallback the example has).
