@@ -192,6 +192,7 @@ def run_trainer(args: argparse.Namespace, d: Any, cfg: Any, window: StepWindow) 
         (trainer, "_log", "logging point (_log)"),
         (trainer, "_beat", "hang-watch beats"),
         (trainer.throughput, "count_step", "throughput.count_step"),
+        (trainer._parts, "grad_norm", "total_norm"),
     ):
         setattr(obj, attr, clock.wrap(name, getattr(obj, attr)))
     for method, name in (("take", "data: take (wait for copy)"), ("prefetch", "data: prefetch")):
@@ -201,14 +202,11 @@ def run_trainer(args: argparse.Namespace, d: Any, cfg: Any, window: StepWindow) 
         timed = clock.wrap(name, plain)
         timed.phx_plain = plain  # type: ignore[attr-defined]
         setattr(DeviceFeed, method, timed)
-    saved_norm = step_module.total_norm
     saved_masked = step_module.masked_step
-    step_module.total_norm = clock.wrap("total_norm", saved_norm)
     step_module.masked_step = clock.wrap("masked_step (minus optimizer.step)", saved_masked)
     try:
         trainer.fit()
     finally:
-        step_module.total_norm = saved_norm
         step_module.masked_step = saved_masked
     # masked_step contains optimizer.step: keep only its own part.
     parts = clock.parts

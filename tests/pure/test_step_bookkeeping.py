@@ -14,11 +14,12 @@ import torch
 from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.errors import UsageError
 from phalanx.train.feeding import DeviceFeed, common_steps_left
+from phalanx.train.grad_norm import GradNorm, total_norm
 from phalanx.train.guard import NanGuard, masked_step
 from phalanx.train.metrics import FOLD_EVERY, Metrics
 from phalanx.train.precision import Precision
 from phalanx.train.progress import rate
-from phalanx.train.step import StepParts, optimizer_step, total_norm
+from phalanx.train.step import StepParts, optimizer_step
 
 CPU = torch.device("cpu")
 
@@ -208,3 +209,42 @@ def test_total_norm_is_torchs_to_the_bit(device: str) -> None:
     assert torch.equal(total_norm(mixed), torch.nn.utils.get_total_norm(mixed))
     grads[4][0] = float("nan")
     assert total_norm(grads).isnan()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the graph is CUDA's)")
+def test_grad_norm_replays_torchs_bits_while_the_gradients_stay_put() -> None:
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(50, 7), (7,), (3, 5, 2), (1,), (128,)] * 6
+    grads = [torch.randn(s, generator=gen).cuda() for s in shapes]  # updated in place: DDP's
+    norm, kept = GradNorm(), []
+    for step in range(6):
+        for i, g in enumerate(grads):
+            g.mul_(1.0 + 0.5 * ((step + i) % 3))
+        kept.append((norm(grads), total_norm(grads)))
+    assert norm._recordings == 1 and norm._graph is not None  # recorded once, then replayed
+    # Each step's value is its own (the graph's output is overwritten by every replay).
+    assert all(torch.equal(ours, torch_s) for ours, torch_s in kept)
+    assert len({float(ours) for ours, _ in kept}) == len(kept)
+    grads[2][0, 0, 0] = float("nan")
+    assert norm(grads).isnan()
+    grads[2][0, 0, 0] = 1.0
+    moved = [g.clone() for g in grads[:-1]]  # other addresses, one gradient fewer
+    assert torch.equal(norm(moved), total_norm(moved))
+    assert torch.equal(norm(grads), total_norm(grads))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the graph is CUDA's)")
+def test_grad_norm_of_gradients_that_keep_moving_stays_eager() -> None:
+    gen = torch.Generator().manual_seed(0)
+    norm, alive = GradNorm(), []
+    for _ in range(5):
+        grads = [torch.randn(64, generator=gen).cuda() for _ in range(4)]
+        assert torch.equal(norm(grads), total_norm(grads))
+        alive.append(grads)  # the next step's gradients get other blocks
+    assert norm._recordings == 0 and norm._graph is None
+
+
+def test_grad_norm_on_cpu_is_total_norm() -> None:
+    grads = [torch.full((3,), 2.0), torch.full((4,), 1.0)]
+    norm = GradNorm()
+    assert [float(norm(grads)) for _ in range(4)] == [float(total_norm(grads))] * 4 == [4.0] * 4

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from phalanx.errors import UsageError
 from phalanx.train.fsdp import full_norm, is_sharded
+from phalanx.train.grad_norm import GradNorm
 from phalanx.train.guard import NanGuard, masked_step
 from phalanx.train.metrics import Metrics
 from phalanx.train.precision import Precision
@@ -79,6 +80,8 @@ class StepParts:
     copy_outputs: bool = False
     """The model replays CUDA graphs (train.compile_mode): the next replay overwrites its
     outputs, so the metrics keep copies of the loss and extra values instead of references."""
+    grad_norm: GradNorm = field(default_factory=GradNorm)
+    """The gradients' norm each step, replayed from a CUDA graph where it can be (grad_norm.py)."""
 
 
 @contextlib.contextmanager
@@ -96,22 +99,6 @@ def sync_debug(enabled: bool, device: torch.device) -> Iterator[None]:
 
 def _grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-
-
-def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The 2-norm of all `grads`, as torch.nn.utils.get_total_norm computes it (the same
-    kernels, so the same bits), without its per-tensor host work when all are plain tensors of
-    one device and dtype: it moves every tensor's norm to the first device one call at a time,
-    148 dispatches a step for GPT-2 small on the thread that launches the kernels (issue #17).
-    DTensors (FSDP) and mixed devices or dtypes take torch's own function."""
-    first = grads[0]
-    device, dtype = first.device, first.dtype
-    if all(type(g) is torch.Tensor and g.device == device and g.dtype == dtype for g in grads):
-        norm: torch.Tensor = torch.linalg.vector_norm(
-            torch.stack(torch._foreach_norm(grads, 2.0)), 2.0
-        )
-        return norm
-    return torch.nn.utils.get_total_norm(grads)
 
 
 def optimizer_step(parts: StepParts, micro_batches: Iterable[Any], *, step: int) -> None:
@@ -172,7 +159,7 @@ def _update(parts: StepParts, step: int, *, carried: bool = False) -> None:
     opt = parts.optimizer
     parts.precision.unscale_(opt)
     grads = _grads(opt)
-    norm = full_norm(total_norm(grads)) if grads else torch.zeros(())
+    norm = full_norm(parts.grad_norm(grads)) if grads else torch.zeros(())
     if parts.clip_grad_norm > 0 and grads:
         torch.nn.utils.clip_grads_with_norm_(
             [p for g in opt.param_groups for p in g["params"]], parts.clip_grad_norm, norm
