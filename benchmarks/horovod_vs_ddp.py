@@ -22,7 +22,12 @@ switches, "waits": a side whose CPU ms rose with its wall ms does more host work
 whose waits rose blocks somewhere) and writes JSON to benchmarks/results/.
 
 --model: a torchvision model (resnet18 when torchvision is installed, else "small": the
-example's 3-layer CNN on 32x32 images, which keeps the fallback the example has).
+example's 3-layer CNN on 32x32 images, which keeps the fallback the example has), or "linear":
+one linear layer on 2x2 images, a step with almost no model work, so that the sides differ by
+their loops' own host work (on CPU, 1 rank: what the Trainer's loop costs a step, no GPU needed):
+
+    torchrun --standalone --nproc_per_node=1 benchmarks/horovod_vs_ddp.py --model linear \
+        --batch-size 2 --warmup 50 --steps 2000 --reps 7 --sides hand_ddp ddp
 """
 
 from __future__ import annotations
@@ -80,6 +85,18 @@ class SmallNet(nn.Module):
         return self.fc(torch.flatten(x, 1))  # type: ignore[no-any-return]
 
 
+class LinearNet(nn.Module):
+    """One linear layer on 2x2 images (two parameters): a step with almost no model work, so
+    the sides differ by their loops' own host work alone (`--model linear`, on any CPU)."""
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3 * 2 * 2, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(x, 1))  # type: ignore[no-any-return]
+
+
 def model_factory(name: str | None) -> tuple[str, ModelFactory, int]:
     """(name, constructor, image size), with the example's choice of default."""
     try:  # optional, as in the example; imported by name so that type checks need no stubs
@@ -90,6 +107,8 @@ def model_factory(name: str | None) -> tuple[str, ModelFactory, int]:
         name = "resnet18" if models is not None else "small"
     if name == "small":
         return name, SmallNet, 32
+    if name == "linear":
+        return name, LinearNet, 2
     if models is None:
         raise SystemExit(f"--model {name} needs torchvision (pip install torchvision)")
     return name, getattr(models, name), 224
@@ -311,7 +330,7 @@ def comparisons(sides: dict[str, Any]) -> dict[str, tuple[float, float]]:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="torchvision model, or 'small'")
+    parser.add_argument("--model", default=None, help="torchvision model, 'small' or 'linear'")
     parser.add_argument("--batch-size", type=int, default=32, help="images per rank and step")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps (a logging point)")
     parser.add_argument("--steps", type=int, default=100, help="timed steps, a multiple of warmup")
