@@ -87,8 +87,7 @@ class GradNorm:
                 output = total_norm(grads)
         except RuntimeError as err:  # a setup that cannot record: stay eager for good
             log.debug("gradient norm stays eager: CUDA graph not recorded (%s)", err)
-            self._recordings = RECORDINGS
-            self._graph = None
+            self._recordings = RECORDINGS  # an earlier graph, if any, still serves its addresses
             return total_norm(grads)
         self._graph, self._output, self._where = graph, output, where
         graph.replay()  # recording launches nothing
