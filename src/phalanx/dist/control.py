@@ -33,14 +33,14 @@ class Agreement:
 class PendingAgreement:
     """A posted control all-reduce; `wait()` returns its Agreement (every rank must wait)."""
 
-    def __init__(self, flags: torch.Tensor, work: Any) -> None:
+    def __init__(self, flags: torch.Tensor | list[bool], work: Any) -> None:
         self._flags, self._work = flags, work
 
     def wait(self) -> Agreement:
         if self._work is not None:
             self._work.wait()
             self._work = None
-        values = self._flags.tolist()
+        values = self._flags.tolist() if isinstance(self._flags, torch.Tensor) else self._flags
         return Agreement(
             all_have_data=not values[0], any_stop=bool(values[1]), all_writes_done=not values[2]
         )
@@ -63,10 +63,10 @@ class ControlPlane:
 
     def post(self, *, has_data: bool = True, stop: bool, writing: bool = False) -> PendingAgreement:
         """Start the all-reduce of this rank's flags; every rank must post in the same order."""
+        if not self._distributed:  # one process: its flags are the verdict, no tensor needed
+            return PendingAgreement([not has_data, stop, writing], None)
         flags = torch.tensor([not has_data, stop, writing], dtype=torch.int32)
-        work = None
-        if self._distributed:
-            work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
         return PendingAgreement(flags, work)
 
     def agree(self, *, has_data: bool, stop: bool, writing: bool = False) -> Agreement:

@@ -68,9 +68,7 @@ class NanGuard:
         self.loss_bad_ever = torch.zeros((), dtype=torch.int64, device=device)
         # found_inf values as fused optimizers take them: float32 whatever the default dtype.
         self._zero = torch.zeros((), dtype=torch.float32, device=device)
-        self._one = torch.ones((), dtype=torch.float32, device=device)
-        self._factors: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._finite: list[torch.Tensor] = []  # the step's micro-batch losses, finite or not
+        self._losses: list[torch.Tensor] = []  # the step's micro-batch losses times 0 (or NaN)
         self._verdicts: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
         self._unagreed = False  # some kept verdict is still this rank's own
 
@@ -78,15 +76,13 @@ class NanGuard:
         """Check a micro-batch loss of this rank for the step's verdict (no sync); returns the
         loss to backward, which with `carry` makes the gradients NaN when the loss is not
         finite (see the class docstring)."""
-        finite = torch.isfinite(loss.detach()).reshape(())
-        self._finite.append(finite)
+        # x * 0 is 0 for every finite x and NaN for inf and NaN: one kernel where isfinite
+        # launches four on CUDA, and it adds up with the other checks (see agree()).
+        zeroed = loss.detach().reshape(()) * 0
+        self._losses.append(zeroed)
         if not carry:
             return loss
-        if loss.dtype not in self._factors:
-            one = torch.ones((), dtype=loss.dtype, device=loss.device)
-            self._factors[loss.dtype] = (one, torch.full_like(one, float("nan")))
-        one, nan = self._factors[loss.dtype]
-        return loss * torch.where(finite, one, nan)
+        return loss * (zeroed + 1)  # x * 1 == x bitwise; x * NaN poisons the gradients
 
     def agree(
         self, grad_norm: torch.Tensor, step: int, *, include_grads: bool, carried: bool = False,
@@ -99,23 +95,24 @@ class NanGuard:
         `decides=False`: the caller applies or skips the update without this verdict (nan_policy
         count, a loss scaler), so it is only counted: returned as this rank's own, and agreed
         across ranks when the verdicts are folded (one all-reduce for many steps)."""
-        finite, self._finite = self._finite, []
-        loss_ok: torch.Tensor | None = None
-        if len(finite) == 1:
-            loss_ok = finite[0]
-        elif finite:
-            loss_ok = torch.stack(finite).all()
-        ok = loss_ok
+        losses, self._losses = self._losses, []
+        loss_zeroed = sum(losses[1:], losses[0]) if losses else None
+        # A fresh float32 sum, 0 (or -0) when every value checked is finite, NaN otherwise:
+        # then 1.0 where it is not 0 (0-dim operands promote to the wider dtype).
+        total: torch.Tensor | None = None
         if include_grads:
-            norm_ok = torch.isfinite(grad_norm).reshape(())
-            ok = norm_ok if loss_ok is None else norm_ok.logical_and_(loss_ok)
-        bad = self._zero.clone() if ok is None else torch.where(ok, self._zero, self._one)
+            total = torch.mul(grad_norm, self._zero)
+        if loss_zeroed is not None and not (carried and include_grads):
+            total = torch.add(loss_zeroed, self._zero if total is None else total)
+        if total is not None and total.dtype != torch.float32:  # float64 gradients
+            total = total.to(torch.float32)
+        bad = self._zero.clone() if total is None else total.ne_(0)
         if dist.is_initialized() and self.world_size > 1 and not (carried and include_grads):
             if decides:
                 dist.all_reduce(bad, op=dist.ReduceOp.MAX)
             else:
                 self._unagreed = True
-        self._verdicts.append((step, bad, loss_ok))
+        self._verdicts.append((step, bad, loss_zeroed))
         if len(self._verdicts) >= self.FOLD_EVERY:
             self._fold()
         return bad
@@ -126,7 +123,7 @@ class NanGuard:
         FOLD_EVERY steps and at logging points)."""
         if not self._verdicts:
             return
-        steps, verdicts, loss_oks = zip(*self._verdicts, strict=True)
+        steps, verdicts, loss_zeroed = zip(*self._verdicts, strict=True)
         self._verdicts = []
         stacked = torch.stack(verdicts)
         if self._unagreed:  # the agreed ones are equal on every rank: MAX keeps them
@@ -136,9 +133,9 @@ class NanGuard:
         self.events.add_(bad.sum())
         at = host_to_device(list(steps), self.events.device, torch.int64)
         torch.minimum(self._first, torch.where(bad, at, self._NEVER).min(), out=self._first)
-        seen = [t for t in loss_oks if t is not None]
+        seen = [t for t in loss_zeroed if t is not None]
         if seen:
-            self.loss_bad_ever.logical_or_(torch.stack(seen).all().logical_not_())
+            self.loss_bad_ever.logical_or_(torch.stack(seen).isnan().any())
 
     @property
     def first_step(self) -> torch.Tensor:
