@@ -57,17 +57,30 @@ def norm_rows(dev: torch.device, calls: int) -> list[tuple[str, float]]:
 
 
 def model_norm_rows(what: str, grads: list[torch.Tensor], calls: int) -> list[tuple[str, float]]:
-    replayed = GradNorm()
+    params = [torch.nn.Parameter(torch.empty_like(g)) for g in grads]
+    for param, grad in zip(params, grads, strict=True):
+        param.grad = grad
+    replayed, clipping = GradNorm(), GradNorm()
     for _ in range(3):  # eager, eager (the addresses settle), recorded
         replayed(grads)
-    assert replayed._graph is not None, "GradNorm did not record"
-    assert torch.equal(replayed(grads), total_norm(grads)), "not torch's bits"
+        clipping(grads, clip_params=params, max_norm=1e30)  # never scales: same values
+    assert replayed._graph is not None and clipping._graph is not None, "GradNorm did not record"
+    assert torch.equal(replayed(grads)[0], total_norm(grads)), "not torch's bits"
     norms = torch._foreach_norm(grads, 2.0)
+
+    def eager_clip() -> None:
+        torch.nn.utils.clip_grads_with_norm_(params, 1e30, total_norm(grads))
+
     return [
         (f"gradient norm, eager ({what})", host_us(lambda: total_norm(grads), calls)),
         ("  of which _foreach_norm", host_us(lambda: torch._foreach_norm(grads, 2.0), calls)),
         ("  of which stack", host_us(lambda: torch.stack(norms), calls)),
         (f"gradient norm, replayed ({what})", host_us(lambda: replayed(grads), calls)),
+        (f"norm + clip, eager ({what})", host_us(eager_clip, calls)),
+        (
+            f"norm + clip, replayed ({what})",
+            host_us(lambda: clipping(grads, clip_params=params, max_norm=1e30), calls),
+        ),
     ]
 
 

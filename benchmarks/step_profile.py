@@ -192,7 +192,7 @@ def run_trainer(args: argparse.Namespace, d: Any, cfg: Any, window: StepWindow) 
         (trainer, "_log", "logging point (_log)"),
         (trainer, "_beat", "hang-watch beats"),
         (trainer.throughput, "count_step", "throughput.count_step"),
-        (trainer._parts, "grad_norm", "total_norm"),
+        (trainer._parts, "grad_norm", "grad norm (+ clip when replayed)"),
     ):
         setattr(obj, attr, clock.wrap(name, getattr(obj, attr)))
     for method, name in (("take", "data: take (wait for copy)"), ("prefetch", "data: prefetch")):

@@ -220,17 +220,44 @@ def test_grad_norm_replays_torchs_bits_while_the_gradients_stay_put() -> None:
     for step in range(6):
         for i, g in enumerate(grads):
             g.mul_(1.0 + 0.5 * ((step + i) % 3))
-        kept.append((norm(grads), total_norm(grads)))
+        kept.append((norm(grads)[0], total_norm(grads)))
     assert norm._recordings == 1 and norm._graph is not None  # recorded once, then replayed
     # Each step's value is its own (the graph's output is overwritten by every replay).
     assert all(torch.equal(ours, torch_s) for ours, torch_s in kept)
     assert len({float(ours) for ours, _ in kept}) == len(kept)
     grads[2][0, 0, 0] = float("nan")
-    assert norm(grads).isnan()
+    assert norm(grads)[0].isnan()
     grads[2][0, 0, 0] = 1.0
     moved = [g.clone() for g in grads[:-1]]  # other addresses, one gradient fewer
-    assert torch.equal(norm(moved), total_norm(moved))
-    assert torch.equal(norm(grads), total_norm(grads))
+    assert torch.equal(norm(moved)[0], total_norm(moved))
+    assert torch.equal(norm(grads)[0], total_norm(grads))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the graph is CUDA's)")
+def test_grad_norm_replays_torchs_clipping_to_the_bit() -> None:
+    """The graph that clips leaves the gradients as torch's clip_grad_norm_ does, each step
+    (some steps above max_norm, some below); the eager path leaves clipping to the caller."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(50, 7), (7,), (3, 5, 2), (1,), (128,)] * 6
+    ours = [torch.nn.Parameter(torch.empty(s, device="cuda")) for s in shapes]
+    theirs = [torch.nn.Parameter(torch.empty(s, device="cuda")) for s in shapes]
+    grads = [torch.empty(s, device="cuda") for s in shapes]  # ours, updated in place
+    reference = [torch.empty(s, device="cuda") for s in shapes]
+    for p, g in zip(ours + theirs, grads + reference, strict=True):
+        p.grad = g
+    norm, max_norm = GradNorm(), 20.0
+    for step in range(6):
+        for g, r in zip(grads, reference, strict=True):
+            g.copy_(torch.randn(g.shape, generator=gen) * (0.3 + step))
+            r.copy_(g)
+        got, clipped = norm(grads, clip_params=ours, max_norm=max_norm)
+        if not clipped:  # what optimizer_step does then
+            torch.nn.utils.clip_grads_with_norm_(ours, max_norm, got)
+        want = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+        assert torch.equal(got, want) and clipped is (step >= 1), step  # recorded at step 1
+        assert all(torch.equal(g, r) for g, r in zip(grads, reference, strict=True)), step
+    assert norm._recordings == 1 and norm._clip == max_norm
+    assert norm(grads, clip_params=ours, max_norm=0.0)[1] is False  # another setting: eager
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the graph is CUDA's)")
@@ -239,7 +266,7 @@ def test_grad_norm_of_gradients_that_keep_moving_stays_eager() -> None:
     norm, alive = GradNorm(), []
     for _ in range(5):
         grads = [torch.randn(64, generator=gen).cuda() for _ in range(4)]
-        assert torch.equal(norm(grads), total_norm(grads))
+        assert torch.equal(norm(grads)[0], total_norm(grads))
         alive.append(grads)  # the next step's gradients get other blocks
     assert norm._recordings == 0 and norm._graph is None
 
@@ -247,4 +274,5 @@ def test_grad_norm_of_gradients_that_keep_moving_stays_eager() -> None:
 def test_grad_norm_on_cpu_is_total_norm() -> None:
     grads = [torch.full((3,), 2.0), torch.full((4,), 1.0)]
     norm = GradNorm()
-    assert [float(norm(grads)) for _ in range(4)] == [float(total_norm(grads))] * 4 == [4.0] * 4
+    assert [float(norm(grads)[0]) for _ in range(4)] == [float(total_norm(grads))] * 4 == [4.0] * 4
+    assert norm(grads, clip_params=[], max_norm=1.0)[1] is False  # the caller clips on CPU

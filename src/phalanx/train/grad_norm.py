@@ -8,12 +8,15 @@ back the same blocks), it records `total_norm`'s kernels into a CUDA graph and t
 them: the same kernels on the same memory, so the same bits, for one launch instead of a
 Python list of one 0-dim tensor per gradient (148 for GPT-2 small), their stack and the
 reduction. Every step checks the addresses first; gradients that moved take the eager path
-(and are recorded again once they stay put, a few times at most).
+(and are recorded again once they stay put, a few times at most). With clipping, the graph
+holds torch's `clip_grads_with_norm_` kernels too: its host work (a Python pass over every
+parameter, six launches) is replayed away as well.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import torch
 
@@ -52,43 +55,57 @@ class GradNorm:
         self._graph: torch.cuda.CUDAGraph | None = None
         self._output: torch.Tensor | None = None
         self._where: list[int] = []  # the recorded gradients' addresses
+        self._clip = 0.0  # the max_norm recorded with them (0: no clipping)
         self._last: list[int] = []  # the addresses at the previous call
         self._recordings = 0
         self._eligible: bool | None = None  # decided at the first call
 
-    def __call__(self, grads: list[torch.Tensor]) -> torch.Tensor:
+    def __call__(
+        self, grads: list[torch.Tensor], *, clip_params: Sequence[torch.Tensor] = (),
+        max_norm: float = 0.0,
+    ) -> tuple[torch.Tensor, bool]:  # fmt: skip
+        """(the norm of `grads`, clipped): with `max_norm` > 0, a replayed or recorded graph
+        also clips the gradients of `clip_params` (whose .grad are `grads`) to it, as
+        torch.nn.utils.clip_grads_with_norm_ does; `clipped` False leaves that to the caller
+        (the eager path: FSDP's norm is only a shard's until it is made whole)."""
         if self._eligible is None:
             # Plain CUDA tensors of one dtype; a model's gradients keep their kind from step
             # to step. DTensors (FSDP) have no storage address to watch: eager, always.
             self._eligible = grads[0].device.type == "cuda" and _one_kind(grads)
         if not self._eligible:
-            return total_norm(grads)
+            return total_norm(grads), False
         where = [g.data_ptr() for g in grads]
-        if self._graph is not None and where == self._where:
+        if self._graph is not None and where == self._where and max_norm == self._clip:
             self._graph.replay()
             assert self._output is not None, "recorded with the graph"
-            return self._output.clone()
+            return self._output.clone(), max_norm > 0
         settled, self._last = where == self._last, where
         if settled and self._recordings < RECORDINGS and _one_kind(grads):
-            return self._record(grads, where)
-        return total_norm(grads)
+            return self._record(grads, where, clip_params, max_norm)
+        return total_norm(grads), False
 
-    def _record(self, grads: list[torch.Tensor], where: list[int]) -> torch.Tensor:
-        """Record total_norm's kernels for gradients at `where` (the eager call before warmed
-        them up). Recording synchronises the device and empties torch's memory caches, once;
-        not under train.sync_debug, which is there to find synchronisations: eager then."""
+    def _record(
+        self, grads: list[torch.Tensor], where: list[int], clip_params: Sequence[torch.Tensor],
+        max_norm: float,
+    ) -> tuple[torch.Tensor, bool]:  # fmt: skip
+        """Record total_norm's kernels (and the clipping's) for gradients at `where` (the eager
+        call before warmed them up). Recording synchronises the device and empties torch's
+        memory caches, once; not under train.sync_debug, which is there to find
+        synchronisations: eager then."""
         if torch.cuda.get_sync_debug_mode():
-            return total_norm(grads)
+            return total_norm(grads), False
         self._recordings += 1
         graph = torch.cuda.CUDAGraph()
         try:
             # thread_local: NCCL's watchdog and other threads may use CUDA meanwhile.
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 output = total_norm(grads)
+                if max_norm > 0:
+                    torch.nn.utils.clip_grads_with_norm_(clip_params, max_norm, output)
         except RuntimeError as err:  # a setup that cannot record: stay eager for good
             log.debug("gradient norm stays eager: CUDA graph not recorded (%s)", err)
             self._recordings = RECORDINGS  # an earlier graph, if any, still serves its addresses
-            return total_norm(grads)
-        self._graph, self._output, self._where = graph, output, where
+            return total_norm(grads), False
+        self._graph, self._output, self._where, self._clip = graph, output, where, max_norm
         graph.replay()  # recording launches nothing
-        return output.clone()
+        return output.clone(), max_norm > 0

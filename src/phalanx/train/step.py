@@ -159,11 +159,13 @@ def _update(parts: StepParts, step: int, *, carried: bool = False) -> None:
     opt = parts.optimizer
     parts.precision.unscale_(opt)
     grads = _grads(opt)
-    norm = full_norm(parts.grad_norm(grads)) if grads else torch.zeros(())
-    if parts.clip_grad_norm > 0 and grads:
-        torch.nn.utils.clip_grads_with_norm_(
-            [p for g in opt.param_groups for p in g["params"]], parts.clip_grad_norm, norm
-        )
+    params = [p for g in opt.param_groups for p in g["params"]]
+    norm, clipped = torch.zeros(()), True
+    if grads:
+        norm, clipped = parts.grad_norm(grads, clip_params=params, max_norm=parts.clip_grad_norm)
+        norm = full_norm(norm)
+    if parts.clip_grad_norm > 0 and not clipped:
+        torch.nn.utils.clip_grads_with_norm_(params, parts.clip_grad_norm, norm)
     # Under fp16 an overflow is the scaler's business (reported as scaler_skips), not a NaN event.
     fp16 = parts.precision.scaler is not None
     bad = parts.guard.agree(
