@@ -51,8 +51,10 @@ class Metrics:
     def add(self, name: str, value: torch.Tensor | float, *, reduce: str = "mean") -> None:
         if reduce not in REDUCTIONS:
             raise UsageError(f"metric {name!r}: reduce={reduce!r} is not one of {REDUCTIONS}")
-        series = self._series.setdefault(name, _Series(reduce))
-        if series.kind != reduce:
+        series = self._series.get(name)
+        if series is None:
+            series = self._series[name] = _Series(reduce)
+        elif series.kind != reduce:
             raise UsageError(f"metric {name!r} was added with reduce={series.kind!r} before")
         if not isinstance(value, torch.Tensor):
             if reduce == "cat":
@@ -61,7 +63,7 @@ class Metrics:
                 series.host = _combine_host(reduce, series.host, float(value))
                 series.count += 1
                 return
-        series.pending.append(value.detach().reshape(-1))
+        series.pending.append(value.detach())  # flattened when folded: fewer calls a step
         series.count += value.numel()
         if len(series.pending) >= FOLD_EVERY:
             _fold(series, self.device)
@@ -168,9 +170,12 @@ def _fold(series: _Series, device: torch.device) -> None:
         return
     pending = series.pending
     if all(t.device == device and t.dtype == pending[0].dtype for t in pending):
-        values = torch.cat(pending).to(torch.float64)  # two launches for all of them
+        # Two launches for all of them; scalars (the usual values) need no reshape each.
+        scalars = all(t.dim() == 0 for t in pending)
+        joined = torch.stack(pending) if scalars else torch.cat([t.reshape(-1) for t in pending])
+        values = joined.to(torch.float64)
     else:
-        values = torch.cat([t.to(device, torch.float64) for t in pending])
+        values = torch.cat([t.reshape(-1).to(device, torch.float64) for t in pending])
     series.pending = []
     if series.kind == "cat":
         parts = [values] if series.folded is None else [series.folded, values]
