@@ -159,13 +159,14 @@ def _update(parts: StepParts, step: int, *, carried: bool = False) -> None:
     opt = parts.optimizer
     parts.precision.unscale_(opt)
     grads = _grads(opt)
-    params = [p for g in opt.param_groups for p in g["params"]]
+    clip = parts.clip_grad_norm
+    params = [p for g in opt.param_groups for p in g["params"]] if clip > 0 else []
     norm, clipped = torch.zeros(()), True
     if grads:
-        norm, clipped = parts.grad_norm(grads, clip_params=params, max_norm=parts.clip_grad_norm)
+        norm, clipped = parts.grad_norm(grads, clip_params=params, max_norm=clip)
         norm = full_norm(norm)
-    if parts.clip_grad_norm > 0 and not clipped:
-        torch.nn.utils.clip_grads_with_norm_(params, parts.clip_grad_norm, norm)
+    if clip > 0 and not clipped:
+        torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
     # Under fp16 an overflow is the scaler's business (reported as scaler_skips), not a NaN event.
     fp16 = parts.precision.scaler is not None
     bad = parts.guard.agree(
