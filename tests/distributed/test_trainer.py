@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,18 @@ def test_a_non_finite_loss_with_finite_gradients_is_seen_on_every_rank(
     r = scenario(tmp_path, "nan_loss", f"policy={policy}")
     assert r["steps"] == 6 and r["nonfinite"] == 1 and r["ranks_agree"]
     assert max_diff(r["params"], r["reference"]) < 1e-6
+
+
+@pytest.mark.timeout(180)
+def test_a_non_finite_loss_the_gradients_cannot_carry_is_counted_on_every_rank(
+    tmp_path: Path,
+) -> None:
+    """A NaN loss whose gradient is 0 even when multiplied by NaN (cross-entropy over targets
+    that are all ignored is 0/0): the step's finite update is applied on both ranks alike, and
+    the event is counted on both (rank 0's own loss was finite)."""
+    r = scenario(tmp_path, "nan_loss", "policy=skip", "kind=masked")
+    assert r["steps"] == 6 and r["nonfinite"] == 1 and r["ranks_agree"]
+    assert all(math.isfinite(v) for v in r["params"])
 
 
 @pytest.mark.timeout(180)

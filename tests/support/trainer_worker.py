@@ -106,7 +106,7 @@ def scenario_nan_loss(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     """Only the loss is non-finite: step 3, rank 1 (sample 42 flagged), finite gradients. The
     other rank must learn it (through the gradients or an all-reduce): under skip both drop the
     step (as if the batch were removed), under count both apply its finite update."""
-    policy = args["policy"]
+    policy, masked = args["policy"], args.get("kind") == "masked"
     cfg = config("data.batch_size=8", "train.epochs=1", f"train.nan_policy={policy}")
     x, y = regression_data().tensors
     flag = torch.zeros(N)
@@ -114,7 +114,10 @@ def scenario_nan_loss(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
 
     def flagged_step(model: nn.Module, batch: Any) -> torch.Tensor:
         x, y, flag = batch  # a flagged sample adds inf, a constant: the gradients stay finite
-        return mse_step(model, (x, y)) + torch.where(flag.any(), float("inf"), 0.0)
+        loss = mse_step(model, (x, y))
+        if masked:  # NaN with a zero gradient, even times NaN: cross-entropy of ignored targets
+            return torch.where(flag.any(), torch.full_like(loss, float("nan")), loss)
+        return loss + torch.where(flag.any(), float("inf"), 0.0)
 
     def train(data: TensorDataset) -> tuple[phalanx.Trainer, list[dict[str, Any]]]:
         trainer = phalanx.Trainer(
@@ -126,6 +129,8 @@ def scenario_nan_loss(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
 
     trainer, history = train(TensorDataset(x, y, flag))
     keep = torch.cat([torch.arange(0, 32), torch.arange(48, N)])  # that global batch removed
+    if masked:  # the reference would need rank 1's zero gradient at step 3: compared across ranks
+        keep = torch.arange(N)
     if policy == "count":
         keep = torch.arange(N)  # nothing removed: the inf adds no gradient
     reference, _ = train(TensorDataset(x[keep], y[keep], torch.zeros(len(keep))))

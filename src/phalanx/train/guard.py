@@ -52,7 +52,11 @@ class NanGuard:
     returns the loss to backward as `loss * 1` (bitwise the loss) when finite and `loss * nan`
     when not, so a rank's non-finite loss makes its gradients NaN, the reduction spreads them
     to every rank, and each rank's verdict on the reduced gradients is the same without a
-    collective of its own. Otherwise `agree` all-reduces the verdict (4 bytes) where it decides
+    collective of its own. A non-finite loss whose backward keeps the gradients finite
+    (cross-entropy whose targets are all ignored is 0/0 = NaN, its gradient 0) cannot ride
+    them: that step's update, finite, is applied on every rank, and the rank's own check is
+    counted at the next fold (events, first step, and a stop under nan_policy=stop).
+    Otherwise `agree` all-reduces the verdict (4 bytes) where it decides
     the update (skip, stop); where it does not (count, or fp16, whose scaler decides), the
     ranks' verdicts are kept as they are and agreed in one all-reduce when they are folded."""
 
@@ -97,22 +101,28 @@ class NanGuard:
         across ranks when the verdicts are folded (one all-reduce for many steps)."""
         losses, self._losses = self._losses, []
         loss_zeroed = sum(losses[1:], losses[0]) if losses else None
-        # A fresh float32 sum, 0 (or -0) when every value checked is finite, NaN otherwise:
-        # then 1.0 where it is not 0 (0-dim operands promote to the wider dtype).
-        total: torch.Tensor | None = None
-        if include_grads:
-            total = torch.mul(grad_norm, self._zero)
-        if loss_zeroed is not None and not (carried and include_grads):
-            total = torch.add(loss_zeroed, self._zero if total is None else total)
-        if total is not None and total.dtype != torch.float32:  # float64 gradients
-            total = total.to(torch.float32)
-        bad = self._zero.clone() if total is None else total.ne_(0)
-        if dist.is_initialized() and self.world_size > 1 and not (carried and include_grads):
-            if decides:
-                dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-            else:
-                self._unagreed = True
-        self._verdicts.append((step, bad, loss_zeroed))
+        carried = carried and include_grads
+        # Fresh float32 sums, 0 (or -0) when every value checked is finite, NaN otherwise:
+        # then 1.0 where not 0 (0-dim operands promote to the wider dtype).
+        total = torch.mul(grad_norm, self._zero) if include_grads else None
+        with_loss = None
+        if loss_zeroed is not None:
+            with_loss = torch.add(loss_zeroed, self._zero if total is None else total)
+        if carried:
+            # The update follows the reduced gradients, the same on every rank. A bad loss whose
+            # backward kept them finite (cross-entropy with every target ignored: 0/0) is still
+            # counted: from this rank's own check, agreed across ranks when folded.
+            bad = counted = _flag(total, self._zero)
+            if with_loss is not None and dist.is_initialized() and self.world_size > 1:
+                counted, self._unagreed = _flag(with_loss, self._zero), True
+        else:
+            bad = counted = _flag(with_loss if with_loss is not None else total, self._zero)
+            if dist.is_initialized() and self.world_size > 1:
+                if decides:
+                    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+                else:
+                    self._unagreed = True
+        self._verdicts.append((step, counted, loss_zeroed))
         if len(self._verdicts) >= self.FOLD_EVERY:
             self._fold()
         return bad
@@ -176,6 +186,13 @@ class NanGuard:
                 "(train.nan_policy=stop; use skip to drop such steps, count to only count them)"
             )
         return report
+
+
+def _flag(checked: torch.Tensor | None, zero: torch.Tensor) -> torch.Tensor:
+    """1.0 (float32) where a `x * 0` sum is NaN, else 0.0; 0.0 when nothing was checked."""
+    if checked is None:
+        return zero.clone()
+    return checked.to(torch.float32).ne_(0) if checked.dtype != torch.float32 else checked.ne_(0)
 
 
 def masked_step(optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> bool:
