@@ -68,6 +68,7 @@ class GradNorm:
         also clips the gradients of `clip_params` (whose .grad are `grads`) to it, as
         torch.nn.utils.clip_grads_with_norm_ does; `clipped` False leaves that to the caller
         (the eager path: FSDP's norm is only a shard's until it is made whole)."""
+        max_norm = max_norm if clip_params else 0.0  # nothing to clip: say so
         if self._eligible is None:
             # Plain CUDA tensors of one dtype; a model's gradients keep their kind from step
             # to step. DTensors (FSDP) have no storage address to watch: eager, always.

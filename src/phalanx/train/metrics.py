@@ -63,7 +63,10 @@ class Metrics:
                 series.host = _combine_host(reduce, series.host, float(value))
                 series.count += 1
                 return
-        series.pending.append(value.detach())  # flattened when folded: fewer calls a step
+        # Flattened when folded (one call fewer a step); a strided view is copied now, as a
+        # reshape would, so that writes into its base before the fold do not change it.
+        value = value.detach()
+        series.pending.append(value if value.is_contiguous() else value.reshape(-1))
         series.count += value.numel()
         if len(series.pending) >= FOLD_EVERY:
             _fold(series, self.device)
