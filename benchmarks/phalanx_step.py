@@ -10,6 +10,10 @@ does. The Trainer logs once, after step 41, as the reference reads its loss once
 the step is compared with the step. What logging costs is priced apart, with a variant that
 logs inside the window (`step_overhead.py --modes raw phalanx phalanx:train.log_every=10`;
 until session 12 every phalanx run logged at steps 20 and 30 inside the window).
+
+The JSON line's `loss` is not the reference's quantity: the reference prints its last step's
+loss, phalanx's side the Trainer's logged value, the mean over all 41 steps (and the batches
+differ: `RandomTokens` here, `randint` there). Compare step times, not losses.
 """
 
 from __future__ import annotations
