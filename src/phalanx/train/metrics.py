@@ -63,10 +63,8 @@ class Metrics:
                 series.host = _combine_host(reduce, series.host, float(value))
                 series.count += 1
                 return
-        # Flattened when folded (one call fewer a step); a strided view is copied now, as a
-        # reshape would, so that writes into its base before the fold do not change it.
-        value = value.detach()
-        series.pending.append(value if value.is_contiguous() else value.reshape(-1))
+        # Kept by reference (see the module docstring) and flattened when folded.
+        series.pending.append(value.detach())
         series.count += value.numel()
         if len(series.pending) >= FOLD_EVERY:
             _fold(series, self.device)
