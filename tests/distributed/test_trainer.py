@@ -80,10 +80,18 @@ def test_a_non_finite_loss_the_gradients_cannot_carry_is_counted_on_every_rank(
 ) -> None:
     """A NaN loss whose gradient is 0 even when multiplied by NaN (cross-entropy over targets
     that are all ignored is 0/0): the step's finite update is applied on both ranks alike, and
-    the event is counted on both (rank 0's own loss was finite)."""
+    the event is counted on both (rank 0's own loss was finite); under stop, both stop."""
     r = scenario(tmp_path, "nan_loss", "policy=skip", "kind=masked")
     assert r["steps"] == 6 and r["nonfinite"] == 1 and r["ranks_agree"]
     assert all(math.isfinite(v) for v in r["params"])
+    # Under stop, every rank stops at the next logging point, naming the rank and the step.
+    cmd = [str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, "nan_loss", str(tmp_path / "stop"),
+           "policy=stop", "kind=masked"]  # fmt: skip
+    result = run(cmd, timeout=150)
+    assert result.returncode != 0
+    message = "error: non-finite loss on rank(s) [1] at step 3; stopping all ranks"
+    for rank in (0, 1):
+        assert f"[rank {rank}] {message}" in result.stderr, result.stderr[-3000:]
 
 
 @pytest.mark.timeout(180)
