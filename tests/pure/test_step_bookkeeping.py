@@ -275,4 +275,9 @@ def test_grad_norm_on_cpu_is_total_norm() -> None:
     grads = [torch.full((3,), 2.0), torch.full((4,), 1.0)]
     norm = GradNorm()
     assert [float(norm(grads)[0]) for _ in range(4)] == [float(total_norm(grads))] * 4 == [4.0] * 4
-    assert norm(grads, clip_params=[], max_norm=1.0)[1] is False  # the caller clips on CPU
+    params = [torch.nn.Parameter(torch.empty_like(g)) for g in grads]
+    for param, grad in zip(params, grads, strict=True):
+        param.grad = grad
+    # On CPU nothing is recorded: the caller clips, and the gradients are left as they were.
+    value, clipped = norm(grads, clip_params=params, max_norm=1.0)  # the norm is 4 > 1
+    assert not clipped and float(value) == 4.0 and float(total_norm(grads)) == 4.0

@@ -192,7 +192,7 @@ def _flag(checked: torch.Tensor | None, zero: torch.Tensor) -> torch.Tensor:
     """1.0 (float32) where a `x * 0` sum is NaN, else 0.0; 0.0 when nothing was checked."""
     if checked is None:
         return zero.clone()
-    return checked.to(torch.float32).ne_(0) if checked.dtype != torch.float32 else checked.ne_(0)
+    return checked.to(torch.float32).ne_(0)  # .to is a no-op for float32: in place then
 
 
 def masked_step(optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> bool:
