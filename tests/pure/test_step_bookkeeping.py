@@ -271,6 +271,22 @@ def test_grad_norm_of_gradients_that_keep_moving_stays_eager() -> None:
     assert norm._recordings == 0 and norm._graph is None
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the graph is CUDA's)")
+def test_grad_norm_records_without_emptying_torchs_memory_caches() -> None:
+    """torch.cuda.graph synchronises and empties the device's and pinned host memory's
+    caches: blocks that gradients, activations and loader batches are reallocated from, so
+    the gradients could move after every recording and the next step pays fresh allocations."""
+    grads = [torch.randn(256, device="cuda") for _ in range(4)]
+    spare = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    del spare  # 64 MiB cached, free
+    reserved = torch.cuda.memory_reserved()
+    norm = GradNorm()
+    for _ in range(3):
+        assert torch.equal(norm(grads)[0], total_norm(grads))
+    assert norm._recordings == 1 and norm._graph is not None
+    assert torch.cuda.memory_reserved() >= reserved  # nothing was handed back
+
+
 def test_grad_norm_on_cpu_is_total_norm() -> None:
     grads = [torch.full((3,), 2.0), torch.full((4,), 1.0)]
     norm = GradNorm()

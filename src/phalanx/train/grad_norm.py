@@ -3,14 +3,16 @@
 
 `total_norm` gives torch's bits with one dispatch per call instead of one per tensor.
 `GradNorm` goes further on CUDA: once the gradients sit at the same addresses two steps in a
-row (DDP's bucket views always do; plain gradients usually do, the caching allocator handing
-back the same blocks), it records `total_norm`'s kernels into a CUDA graph and then replays
-them: the same kernels on the same memory, so the same bits, for one launch instead of a
-Python list of one 0-dim tensor per gradient (148 for GPT-2 small), their stack and the
+row (DDP's bucket views always do), it records `total_norm`'s kernels into a CUDA graph and then
+replays them: the same kernels on the same memory, so the same bits, for one launch instead of
+a Python list of one 0-dim tensor per gradient (148 for GPT-2 small), their stack and the
 reduction. Every step checks the addresses first; gradients that moved take the eager path
-(and are recorded again once they stay put, a few times at most). With clipping, the graph
-holds torch's `clip_grads_with_norm_` kernels too: its host work (a Python pass over every
-parameter, six launches) is replayed away as well.
+(and are recorded again once they stay put, a few times at most). A single GPU's plain
+gradients, new tensors every step, mostly move: the small ones share the caching allocator's
+small blocks with values kept across steps (the metrics'), so they stay eager there (measured
+on GPT-2 small, issue #17). With clipping, the graph holds torch's `clip_grads_with_norm_`
+kernels too: its host work (a Python pass over every parameter, six launches) is replayed away
+as well.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class GradNorm:
         self._last: list[int] = []  # the addresses at the previous call
         self._recordings = 0
         self._eligible: bool | None = None  # decided at the first call
+        self._stream: torch.cuda.Stream | None = None  # where graphs are recorded
 
     def __call__(
         self, grads: list[torch.Tensor], *, clip_params: Sequence[torch.Tensor] = (),
@@ -90,19 +93,16 @@ class GradNorm:
         max_norm: float,
     ) -> tuple[torch.Tensor, bool]:  # fmt: skip
         """Record total_norm's kernels (and the clipping's) for gradients at `where` (the eager
-        call before warmed them up). Recording synchronises the device and empties torch's
-        memory caches, once; not under train.sync_debug, which is there to find
-        synchronisations: eager then."""
+        call before warmed them up). Under train.sync_debug the norm stays eager: that mode
+        checks the step's own work for host synchronisations, not torch's capture calls."""
         if torch.cuda.get_sync_debug_mode():
             return total_norm(grads), False
         self._recordings += 1
         graph = torch.cuda.CUDAGraph()
+        if self._stream is None:  # a capture cannot use the default stream
+            self._stream = torch.cuda.Stream(grads[0].device)  # type: ignore[no-untyped-call]
         try:
-            # thread_local: NCCL's watchdog and other threads may use CUDA meanwhile.
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                output = total_norm(grads)
-                if max_norm > 0:
-                    torch.nn.utils.clip_grads_with_norm_(clip_params, max_norm, output)
+            output = _capture(graph, self._stream, grads, clip_params, max_norm)
         except RuntimeError as err:  # a setup that cannot record: stay eager for good
             log.debug("gradient norm stays eager: CUDA graph not recorded (%s)", err)
             self._recordings = RECORDINGS  # an earlier graph, if any, still serves its addresses
@@ -110,3 +110,25 @@ class GradNorm:
         self._graph, self._output, self._where, self._clip = graph, output, where, max_norm
         graph.replay()  # recording launches nothing
         return output.clone(), max_norm > 0
+
+
+def _capture(
+    graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, grads: list[torch.Tensor],
+    clip_params: Sequence[torch.Tensor], max_norm: float,
+) -> torch.Tensor:  # fmt: skip
+    """Record the norm (and the clipping) into `graph` on `stream`: what torch.cuda.graph does
+    without its device synchronisation and its emptying of the device and pinned-host memory
+    caches, which the next step's tensors (plain gradients included) and the loader's pinned
+    batches would then be allocated from afresh, at new addresses (issue #17). Recording
+    launches nothing, so no ordering with the compute stream is needed; the graph's own memory
+    is its private pool; replays run on the caller's stream."""
+    with torch.cuda.stream(stream):
+        # thread_local: NCCL's watchdog and other threads may use CUDA meanwhile.
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            output = total_norm(grads)
+            if max_norm > 0:
+                torch.nn.utils.clip_grads_with_norm_(clip_params, max_norm, output)
+        finally:
+            graph.capture_end()
+    return output
