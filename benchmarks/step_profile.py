@@ -166,7 +166,13 @@ def run_trainer(args: argparse.Namespace, d: Any, cfg: Any, window: StepWindow) 
         def on_step_end(self, trainer: phalanx.Trainer) -> None:
             window.end_of_step()
 
-    forward = clock.wrap("forward", lambda model, batch: model(batch[:, :-1], batch[:, 1:]))
+    # Contiguous like the hand loop's batches (and phalanx_step.py's): slices of the batch
+    # have other strides, and in one process torch.compile then recompiles the second side's
+    # model with symbolic strides ("automatic dynamic"), a different and slower graph.
+    forward = clock.wrap(
+        "forward",
+        lambda model, batch: model(batch[:, :-1].contiguous(), batch[:, 1:].contiguous()),
+    )
     torch.manual_seed(0)
     steps = args.warmup + args.window + 2
     data = RandomTokens(v, t, b * d.env.world_size * (steps + 1))

@@ -60,8 +60,10 @@ class RandomTokens(torch.utils.data.Dataset[torch.Tensor]):
 
 
 def batches(b: int, t: int, v: int, device: torch.device, seed: int) -> Iterator[Any]:
-    """peer_step.py's data: random tokens made on the host, copied without blocking."""
+    """peer_step.py's data: random tokens made on the host, copied without blocking; contiguous
+    on any device (a copy to a GPU makes them so; on a CPU the slices would keep the strides)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     while True:
         x = torch.randint(0, v, (b, t + 1), generator=g)
-        yield x[:, :-1].to(device, non_blocking=True), x[:, 1:].to(device, non_blocking=True)
+        inputs, targets = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+        yield inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
