@@ -1,6 +1,7 @@
 """Which of the Trainer's per-step parts costs its gap to a hand DDP loop (issues #14, #17)?
 
     torchrun --standalone --nproc_per_node=2 benchmarks/trainer_ablation.py --reps 5   # GPUs
+        [--variants no_feed ...]     # a subset: the hand loop and the Trainer always run
     torchrun --standalone --nproc_per_node=1 benchmarks/trainer_ablation.py --model linear \
         --batch-size 2 --warmup 50 --steps 1000 --reps 5                             # CPU
 
@@ -139,7 +140,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=100, help="a multiple of --warmup")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", default="")
+    parser.add_argument(
+        "--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+        help="a subset (more repetitions in the same time); hand_ddp and ddp always run",
+    )  # fmt: skip
     args = parser.parse_args()
+    args.variants = [v for v in VARIANTS if v in {"hand_ddp", "ddp", *args.variants}]
     if args.steps % args.warmup:
         parser.error("--steps must be a multiple of --warmup (the Trainer's logging points)")
     args.overrides = []  # what horovod_vs_ddp's Trainer side reads
@@ -153,10 +159,11 @@ def main() -> None:
         name, build, image = bench.model_factory(args.model)
         batch = bench.Batch(args.batch_size, image, d.device, d.env.rank)
         parts = (build, batch, str(Path(tempfile.gettempdir()) / "phalanx-trainer-ablation"))
-        spans: dict[str, list[Any]] = {v: [] for v in VARIANTS}
+        chosen: list[str] = args.variants
+        spans: dict[str, list[Any]] = {v: [] for v in chosen}
         for rep in range(args.reps):
-            turn = rep % len(VARIANTS)
-            for v in VARIANTS[turn:] + VARIANTS[:turn]:
+            turn = rep % len(chosen)
+            for v in chosen[turn:] + chosen[:turn]:
                 spans[v].append(run(v, d, parts, args))
         if d.env.is_main_process:
             write(args, name, d, summarise(spans, args.steps))
