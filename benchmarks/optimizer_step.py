@@ -10,6 +10,9 @@ CUDA, clip 1.0, AdamW lr 3e-4; the model compiled unless --eager-model); windows
 steps, interleaved, the order rotated each repetition:
 
 - `fused`: `clip_grad_norm_` then `AdamW(fused=True)` — the reference's (and the Trainer's) step;
+- `foreach`: `clip_grad_norm_` then the eager AdamW the compiled variants trace (foreach, the
+  learning rate a device tensor, `capturable=True`): the control that tells the compiler's
+  effect on time and bits from the change of implementation;
 - `compiled`: `clip_grad_norm_` then `torch.compile(optimizer.step)`, AdamW with the learning
   rate as a device tensor and `capturable=True` (so an LR scheduler does not recompile it),
   torch's foreach implementation traced by Inductor;
@@ -37,7 +40,7 @@ import torch
 from step_profile_model import GPT, batches
 
 SIZES = {"tiny": (4, 64, 512, 2, 2, 64), "gpt2": (8, 1024, 50304, 12, 12, 768)}  # B T V L H D
-VARIANTS = ("fused", "compiled", "compiled_clip")
+VARIANTS = ("fused", "foreach", "compiled", "compiled_clip")
 LR, CLIP = 3e-4, 1.0
 
 
@@ -61,7 +64,9 @@ class Side:
             cuda = device.type == "cuda"
             lr = torch.tensor(LR, device=device) if cuda else LR
             self.opt = torch.optim.AdamW(self.params, lr=lr, foreach=True, capturable=cuda)
-            if variant == "compiled":
+            if variant == "foreach":
+                self.update = self._clip_then(self.opt.step)
+            elif variant == "compiled":
                 self.update = self._clip_then(torch.compile(self.opt.step))
             else:
                 self.update = torch.compile(self._clip_then(self.opt.step))
@@ -145,7 +150,8 @@ def exactness(sides: dict[str, Side], steps: int = 3) -> dict[str, dict[str, flo
 
 def mfu(step_ms: float, size: str) -> float:
     b, t, _, n_layers, _, d = SIZES[size]
-    flops_per_tok = 6 * 124e6 + 12 * n_layers * t * d  # peer_step.py's count
+    n_params = 124e6 if size == "gpt2" else 0.0  # peer_step.py's count (its size only)
+    flops_per_tok = 6 * n_params + 12 * n_layers * t * d
     return b * t * flops_per_tok / (step_ms * 1e-3) / 989e12
 
 
@@ -168,7 +174,8 @@ def main() -> None:
     compile_s = time.perf_counter() - started
     samples: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     for rep in range(args.reps):
-        order = VARIANTS[rep % 3 :] + VARIANTS[: rep % 3]
+        turn = rep % len(VARIANTS)
+        order = VARIANTS[turn:] + VARIANTS[:turn]
         for v in order:
             samples[v].append(window(sides[v], args.window))
     report(args, device, samples, exactness(sides), compile_s)

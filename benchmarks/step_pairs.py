@@ -7,11 +7,15 @@
 `step_overhead.py` starts fresh processes and `step_profile.py` builds both sides anew for every
 repetition; on lent GPU hosts a process's (or a stretch of minutes') speed drifts by up to 25%,
 more than the 1% the goal asks about. Here each side is built and compiled once, and their
-windows alternate: the Trainer trains `--warmup + pairs * window` steps, and after each of its
-windows a callback runs one window of the hand loop (the reference peer_step.py's loop, the same
-model, sizes and settings as `step_profile.py`). A pair's two windows are seconds apart, so drift
-moves both. Each window is timed between device synchronisations, as the reference times its
-steps; the Trainer logs once, after the last window (the reference reads its loss once).
+windows alternate: the Trainer trains `--warmup + pairs * window + 1` steps, and after each of
+its windows a callback runs one window of the hand loop (the reference peer_step.py's loop, the
+same model, sizes and settings as `step_profile.py`), so every Trainer window but the first
+follows a hand window and every hand window a Trainer window. A pair's two windows are seconds
+apart, so drift moves both. Each window is timed between device synchronisations, as the
+reference times its steps; the Trainer logs once, at its last step, after the last window (the
+reference reads its loss once). Charged to the Trainer, as in `phalanx_step.py`: its step
+function makes the inputs and targets contiguous on the device (two small copies a step; the
+hand loop's batches are made contiguous on the host before their copy).
 
 Prints each side's median step time (min..max), the overhead of the medians, the median of the
 pairs' ratios and MFU (the reference's count against 989 TFLOP/s at --size gpt2); writes JSON.
@@ -99,9 +103,9 @@ def mfu(step_ms: float, args: argparse.Namespace, world: int) -> float:
 
 
 def run(args: argparse.Namespace) -> None:
-    # One step after the last window, with the run's only logging point.
+    # One step after the last window, with the run's only logging point (last: these win).
     steps = args.warmup + args.pairs * args.window + 1
-    args.overrides = [f"train.max_steps={steps}", f"train.log_every={steps}", *args.overrides]
+    args.overrides = [*args.overrides, f"train.max_steps={steps}", f"train.log_every={steps}"]
     cfg = trainer_config(args)
     with phalanx.distributed(cfg.dist) as d:
         hand = hand_loop(args, d)
@@ -165,6 +169,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.pairs < 7:
         parser.error("--pairs: the goal's rule needs at least 7 repetitions")
+    if args.warmup < 1 or args.window < 1:
+        parser.error("--warmup and --window: at least 1 step each")
+    fixed = [o for o in args.overrides if o.split("=")[0] in ("train.max_steps", "train.log_every")]
+    if fixed:
+        parser.error(f"{fixed[0]}: set from --warmup, --pairs and --window; leave it out")
     run(args)
 
 
