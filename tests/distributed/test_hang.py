@@ -16,10 +16,11 @@ from tests.distributed.test_checkpoint_resume import (
     assert_same_training,
     launch,
 )
-from tests.support.procs import VENV_BIN, base_env
+from tests.support.procs import VENV_BIN, base_env, run
 from tests.support.reap import descendants, kill_and_wait
 
 pytestmark = pytest.mark.dist
+RECOMPILE_WORKER = Path(__file__).parents[1] / "support" / "recompile_worker.py"
 
 
 @pytest.mark.timeout(200)
@@ -135,3 +136,24 @@ def test_restart_after_a_failure_resumes_bitwise(
     assert len(list((run_dir / "diagnostics").glob("hang-*.txt"))) == int(hung)
     assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "5"]
     assert_same_training(run_dir, dropout_reference)
+
+
+@pytest.mark.timeout(240)
+def test_a_recompilation_mid_run_is_no_hang(tmp_path: Path) -> None:
+    """torch.compile compiles again when a rank's input changes shape (here: its shorter last
+    batch), and the other rank waits for it in the gradient all-reduce. The first step's
+    compilation was always exempt from the hang timeout; a later one is too, while it lasts."""
+    timeout_s = 2.0
+    result = run(
+        [str(VENV_BIN / "phalanx"), "run", "-n", "2", str(RECOMPILE_WORKER),
+         f"run.dir={tmp_path / 'run'}", "train.compile=true", "train.epochs=1",
+         "data.batch_size=8", "data.num_workers=0", f"train.hang_timeout_s={timeout_s}",
+         "dist.timeout_s=200", "train.progress=false"],
+        timeout=220, env=base_env(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [x for x in result.stdout.splitlines() if "longest compilation after step 1" in x]
+    assert len(lines) == 2 and all(": 6 steps," in x for x in lines), result.stdout
+    # The slow recompilation happened mid-run on one rank and outlasted the hang timeout.
+    longest = max(float(x.rsplit(": ", 1)[1].split()[0]) for x in lines)
+    assert longest > 1.5 * timeout_s, lines

@@ -86,3 +86,29 @@ def test_a_store_gone_at_the_end_of_the_run_ends_the_watch_quietly(
     said = watch_until_it_speaks(error, records)
     assert [r.levelno for r in said] == [logging.DEBUG], [r.getMessage() for r in said]
     assert "hang watch on rank 1 ends" in said[0].getMessage()
+
+
+@pytest.mark.timeout(60)
+def test_a_compilation_is_an_exempt_phase_until_it_ends() -> None:
+    from torch.distributed import HashStore
+
+    from phalanx.lifecycle.hang_report import EXEMPT
+
+    watch = HangWatch(HashStore(), rank=0, world_size=1, timeout_s=60)
+    try:
+        watch.beat(0, "step")
+        watch.compiling(True)  # the first step's compilation
+        assert watch._where[:2] == (0, "compile") and "compile" in EXEMPT
+        watch.compiling(False)
+        assert watch._where[:2] == (0, "start")  # back to the first step's exempt phase
+        watch.beat(1, "after")
+        watch.beat(1, "step")
+        watch.compiling(True)  # mid-run: e.g. a batch of another shape
+        watch.compiling(True)
+        since = watch._where[2]
+        watch.compiling(False)
+        assert watch._where[:2] == (1, "step") and watch._where[2] >= since  # clock restarted
+        watch.compiling(False)  # an end without a start changes nothing
+        assert watch._where[:2] == (1, "step")
+    finally:
+        watch.close()

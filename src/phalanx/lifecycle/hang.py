@@ -58,6 +58,7 @@ class HangWatch:
         self.report_dir = report_dir
         self._where = (0, "start", time.monotonic())
         self._warm = False  # until the first step of this process is done (see beat)
+        self._resumes = "start"  # the phase a compilation interrupted (see compiling)
         self._main = threading.main_thread().ident
         self._stop = threading.Event()
         self._lowest: tuple[int, float] | None = None  # rank 0: (slowest step, since when)
@@ -76,6 +77,18 @@ class HangWatch:
             phase = "start" if phase == "step" else phase
         if self._where[:2] != (step, phase):
             self._where = (step, phase, time.monotonic())  # one assignment: read whole
+
+    def compiling(self, active: bool) -> None:
+        """torch.compile starts (True) or ends (False) a compilation on this rank, mid-run as
+        well (a batch of another shape, a lazily compiled backward): the phase is "compile",
+        exempt like the first step's, until it ends; then the interrupted phase, its clock
+        restarted. Called on the compiling thread (the loop's), like `beat`."""
+        step, phase, _ = self._where
+        if active and phase != "compile":
+            self._resumes = phase
+            self._where = (step, "compile", time.monotonic())
+        elif not active and phase == "compile":
+            self._where = (step, self._resumes, time.monotonic())
 
     def before_exit(self, callback: Callable[[], None]) -> None:
         """Run `callback` (on the watch thread, while the main thread is stuck) before this

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 PHASES = ("after", "data", "sync", "step")
 """The step cycle, in order: after step N (logging, callbacks), fetching data for step N + 1,
 the control all-reduce, then forward/backward/update of step N + 1."""
-EXEMPT = ("start", "eval", "checkpoint")
+EXEMPT = ("start", "eval", "checkpoint", "compile")
 """Phases that may legitimately take long on every rank (set-up before the loop and the compute
-of the first step, with its compilation; a whole evaluation; a save): no hang is called while
-any rank is in one."""
+of the first step, with its compilation; a whole evaluation; a save; a later compilation by
+torch.compile, e.g. for a batch of another shape): no hang is called while any rank is in one."""
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from phalanx.env import ClusterEnv
 from phalanx.lifecycle.hang import HangWatch, default_store
@@ -24,6 +26,7 @@ class HangBeats:
 
     def __init__(self) -> None:
         self._watch: HangWatch | None = None
+        self._hooks: tuple[Any, Callable[..., None], Callable[..., None]] | None = None
 
     def start(
         self, timeout_s: float, *, env: ClusterEnv, report_dir: Path | None,
@@ -32,6 +35,7 @@ class HangBeats:
         self._watch = start_hang_watch(timeout_s, env=env, report_dir=report_dir)
         if self._watch is not None:  # its os._exit skips clean-up (e.g. a writer process)
             self._watch.before_exit(before_exit)
+            self._hooks = _compile_hooks(self._watch)
 
     def beat(self, step: int, phase: str) -> None:
         if self._watch is not None:
@@ -39,5 +43,33 @@ class HangBeats:
 
     def stop(self) -> None:
         watch, self._watch = self._watch, None
+        hooks, self._hooks = self._hooks, None
+        if hooks is not None:
+            handler, start, end = hooks
+            handler.remove_start_callback(start)
+            handler.remove_end_callback(end)
         if watch is not None:
             watch.close()
+
+
+def _compile_hooks(
+    watch: HangWatch,
+) -> tuple[Any, Callable[..., None], Callable[..., None]] | None:
+    """Tell `watch` while torch.compile compiles, through torch's compile callbacks: a
+    recompilation mid-run (one rank's shorter last batch: the others wait for it in a
+    collective) can outlast the hang timeout, and is no hang. Only where torch.compile is in
+    use (its module imported: importing it costs a second) and torch has the callbacks."""
+    dynamo = sys.modules.get("torch._dynamo")
+    handler = getattr(dynamo, "callback_handler", None)
+    if handler is None or not hasattr(handler, "remove_start_callback"):
+        return None
+
+    def start(*_: object) -> None:
+        watch.compiling(True)
+
+    def end(*_: object) -> None:
+        watch.compiling(False)
+
+    handler.register_start_callback(start)
+    handler.register_end_callback(end)
+    return handler, start, end
