@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from step_profile_model import GPT, batches
+from step_profile_model import GPT, SIZES, batches, mfu
 
-SIZES = {"tiny": (4, 64, 512, 2, 2, 64), "gpt2": (8, 1024, 50304, 12, 12, 768)}  # B T V L H D
 VARIANTS = ("fused", "foreach", "compiled", "compiled_clip")
 LR, CLIP = 3e-4, 1.0
 
@@ -146,13 +145,6 @@ def exactness(sides: dict[str, Side], steps: int = 3) -> dict[str, dict[str, flo
             "elements": int(sum(d.numel() for d in diff)),
         }
     return out
-
-
-def mfu(step_ms: float, size: str) -> float:
-    b, t, _, n_layers, _, d = SIZES[size]
-    n_params = 124e6 if size == "gpt2" else 0.0  # peer_step.py's count (its size only)
-    flops_per_tok = 6 * n_params + 12 * n_layers * t * d
-    return b * t * flops_per_tok / (step_ms * 1e-3) / 989e12
 
 
 def main() -> None:

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from step_profile import SIZES, make_optimizer, trainer_config
-from step_profile_model import GPT, RandomTokens, batches
+from step_profile import make_optimizer, trainer_config
+from step_profile_model import GPT, SIZES, RandomTokens, batches, mfu
 from torch import nn
 
 import phalanx
@@ -96,12 +96,6 @@ class Alternate(phalanx.Callback):
         self.started = self._now()
 
 
-def mfu(step_ms: float, args: argparse.Namespace, world: int) -> float:
-    b, t, _, n_layers, _, d = SIZES[args.size]
-    n_params = 124e6 if args.size == "gpt2" else 0.0  # the reference's count (gpt2 only)
-    return b * t * (6 * n_params + 12 * n_layers * t * d) / (step_ms * 1e-3) / 989e12
-
-
 def run(args: argparse.Namespace) -> None:
     # One step after the last window, with the run's only logging point (last: these win).
     steps = args.warmup + args.pairs * args.window + 1
@@ -139,7 +133,7 @@ def report(args: argparse.Namespace, d: phalanx.Dist, times: dict[str, list[floa
     print(f"{'side':<9}{'median ms':>11}{'min..max':>17}{'MFU':>8}")
     for side, values, med in (("hand", hand, h_med), ("trainer", ours, t_med)):
         print(f"{side:<9}{med:>11.2f}{min(values):>9.2f}..{max(values):<6.2f}"
-              f"{mfu(med, args, world):>8.1%}")  # fmt: skip
+              f"{mfu(med, args.size):>8.1%}")  # fmt: skip
     verdict = "met" if t_med / h_med - 1 <= 0.01 else "missed"
     print(f"overhead of the medians {t_med / h_med - 1:+.2%} (goal ≤ 1%: {verdict}); "
           f"median of the pairs' ratios {paired:+.2%}")  # fmt: skip

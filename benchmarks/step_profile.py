@@ -44,13 +44,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from step_profile_analysis import MODEL_PARTS, analyse, report
-from step_profile_model import GPT, RandomTokens, batches
+from step_profile_model import GPT, SIZES, RandomTokens, batches
 from torch import nn
-
-SIZES = {  # B, T, V, L, H, D
-    "tiny": (4, 64, 512, 2, 2, 64),
-    "gpt2": (8, 1024, 50304, 12, 12, 768),
-}
 
 
 class Clock:

@@ -10,6 +10,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+SIZES = {  # B, T, V, L, H, D
+    "tiny": (4, 64, 512, 2, 2, 64),
+    "gpt2": (8, 1024, 50304, 12, 12, 768),
+}
+
+
+def mfu(step_ms: float, size: str) -> float:
+    """One GPU's MFU at `step_ms` a step, by peer_step.py's count (6N + attention, N = 124e6 at
+    its size, none at others) against 989 TFLOP/s dense bf16."""
+    b, t, _, n_layers, _, d = SIZES[size]
+    n_params = 124e6 if size == "gpt2" else 0.0
+    return b * t * (6 * n_params + 12 * n_layers * t * d) / (step_ms * 1e-3) / 989e12
+
 
 class Block(nn.Module):
     def __init__(self, d: int, h: int) -> None:
