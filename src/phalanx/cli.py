@@ -178,6 +178,9 @@ def _add_probe_data(sub: argparse._SubParsersAction[_Parser]) -> None:
                        help="largest num_workers to try (default: the CPUs)")  # fmt: skip
     probe.add_argument("--batches", type=int, default=50, metavar="B",
                        help="batches timed per setting, after the first")  # fmt: skip
+    probe.add_argument("--step-ms", type=float, default=None, metavar="MS",
+                       help="your training step's time: recommend the setting lightest on the "
+                       "training process among those that keep up with it")  # fmt: skip
     probe.add_argument("script", help="the training script")
     probe.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
 
@@ -185,7 +188,10 @@ def _add_probe_data(sub: argparse._SubParsersAction[_Parser]) -> None:
 def _cmd_probe_data(args: argparse.Namespace) -> int:
     from phalanx.data.probe import sweep
 
-    print(sweep(args.script, list(args.args), max_workers=args.max_workers, batches=args.batches))
+    if args.step_ms is not None and not args.step_ms > 0:
+        raise UsageError(f"--step-ms {args.step_ms:g}: give the training step's time in ms (> 0)")
+    print(sweep(args.script, list(args.args), max_workers=args.max_workers, batches=args.batches,
+                step_ms=args.step_ms))  # fmt: skip
     return 0
 
 

@@ -19,7 +19,29 @@ def test_probe_data_on_fashion_mnist() -> None:
     result = run(cmd, timeout=75)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
-    assert lines[-4].split() == ["num_workers", "pin_memory", "samples/s", "first", "batch", "s"]
-    assert [line.split()[0] for line in lines[-3:-1]] == ["0", "1"]
-    assert lines[-1].startswith("recommended: data.num_workers=")
-    assert "must take longer than" in lines[-1]
+    head = next(i for i, line in enumerate(lines) if line.startswith("num_workers"))
+    assert lines[head].split() == ["num_workers", "pin_memory", "samples/s", "first", "batch",
+                                   "s", "process", "CPU", "ms/batch"]  # fmt: skip
+    rows = [line.split() for line in lines[head + 1 : head + 3]]
+    assert [row[0] for row in rows] == ["0", "1"]
+    assert all(float(row[4]) > 0 for row in rows), rows  # the training process's CPU a batch
+    advice = lines[head + 3 :]
+    assert advice[0].startswith("recommended: data.num_workers=")
+    assert "must take longer than" in advice[0]
+    assert len(advice) == 1 or advice[1].startswith("lightest on the training process: ")
+
+
+@pytest.mark.timeout(90)
+def test_probe_data_with_a_step_time_and_a_bad_one() -> None:
+    need(fashion_mnist_installed(), "Fashion-MNIST (apt-get install dataset-fashion-mnist)")
+    base = [str(VENV_BIN / "phalanx"), "probe-data", "--max-workers", "1", "--batches", "5"]
+    script = [str(EXAMPLES / "fashion_mnist.py"), "run.dry_run=true"]
+    result = run([*base, "--step-ms", "60000", *script], timeout=75)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # A minute a step: every setting keeps up, so the lightest on the training process.
+    assert "the lightest on the training process" in result.stdout.strip().splitlines()[-1]
+    bad = run([*base, "--step-ms", "0", *script], timeout=30)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        "phalanx probe-data: error: --step-ms 0: give the training step's time in ms (> 0)"
+    )

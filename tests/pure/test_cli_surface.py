@@ -25,7 +25,7 @@ EXPECTED = {
     },
     "env": {"-h", "--help", "--profile", "--profiles", "--set", "--requirements", "--project",
             "--path", "--name", "-o", "--output"},
-    "probe-data": {"-h", "--help", "--max-workers", "--batches"},
+    "probe-data": {"-h", "--help", "--max-workers", "--batches", "--step-ms"},
     "status": {"-h", "--help"},
     "logs": {"-h", "--help", "-f", "--follow"},
     "cancel": {"-h", "--help"},

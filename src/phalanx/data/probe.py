@@ -5,6 +5,12 @@ Contract: the script is run as usual (`__main__`, its own argv) until it constru
 `collate_fn` and config are kept and fed through the very loader the Trainer builds
 (phalanx.train.feeding.train_loader: same sampler, collate and worker seeding), once per
 setting of num_workers (0 .. this rank's CPUs) and pin_memory (on/off where a GPU exists).
+
+Two costs per setting: how fast batches arrive (samples/s), and how much CPU time the training
+process itself spends per batch (all its threads, workers excluded). The second is what the
+thread launching the GPU's kernels shares its process with: a batch taken from a worker costs
+unpickling, the shared memory's file descriptor and mapping, and under pin_memory a thread of
+its own (issue #17 measured ~0.3 ms more a small batch than making it in the process).
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import UsageError
+
+CPU_TIE = 0.1
+"""Process CPU times within this fraction of each other are one cost to the recommendation."""
 
 
 class _Captured(Exception):
@@ -62,6 +71,12 @@ class Row:
     pin_memory: bool
     samples_per_s: float
     first_batch_s: float
+    process_cpu_ms: float
+    """The training process's CPU time per timed batch, all its threads (workers excluded)."""
+
+    def batch_ms(self, batch_size: int) -> float:
+        """Wall ms per batch at the measured rate: the shortest step this setting keeps up with."""
+        return 1000.0 * batch_size / max(self.samples_per_s, 1e-9)
 
 
 def measure(handle: Any, kwargs: dict[str, Any], workers: int, pin: bool, batches: int) -> Row:
@@ -79,19 +94,23 @@ def measure(handle: Any, kwargs: dict[str, Any], workers: int, pin: bool, batche
     iterator = iter(loader)
     next(iterator)
     first = time.perf_counter() - started
-    started, count = time.perf_counter(), 0
+    started, cpu, count = time.perf_counter(), time.process_time(), 0
     for _ in range(batches):
         try:
             next(iterator)
         except StopIteration:
             break
         count += 1
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     del iterator
-    return Row(workers, pin, count * data.batch_size / max(elapsed, 1e-9), first)
+    rate = count * data.batch_size / max(elapsed, 1e-9)
+    return Row(workers, pin, rate, first, 1000.0 * cpu / max(count, 1))
 
 
-def sweep(script: str, args: list[str], *, max_workers: int | None, batches: int) -> str:
+def sweep(
+    script: str, args: list[str], *, max_workers: int | None, batches: int,
+    step_ms: float | None = None,
+) -> str:  # fmt: skip
     import torch
 
     handle, kwargs = capture(script, args)
@@ -100,20 +119,52 @@ def sweep(script: str, args: list[str], *, max_workers: int | None, batches: int
     pins = (False, True) if torch.cuda.is_available() else (False,)
     rows = [measure(handle, kwargs, w, p, batches) for w in range(top + 1) for p in pins]
     config = kwargs.get("config") or handle.config
-    return report(rows, config.data.batch_size)
+    return report(rows, config.data.batch_size, step_ms=step_ms)
 
 
-def report(rows: list[Row], batch_size: int) -> str:
+def report(rows: list[Row], batch_size: int, *, step_ms: float | None = None) -> str:
+    """The table and a recommendation: the fastest setting, or with `step_ms` (the training
+    step's time) the one lightest on the training process among those that keep up with it."""
     best = max(rows, key=lambda r: r.samples_per_s)
-    lines = [f"{'num_workers':>11} {'pin_memory':>10} {'samples/s':>10} {'first batch s':>13}"]
+    light = _lightest(rows)
+    lines = [f"{'num_workers':>11} {'pin_memory':>10} {'samples/s':>10} {'first batch s':>13} "
+             f"{'process CPU ms/batch':>20}"]  # fmt: skip
     for r in rows:
-        mark = "  <- best" if r is best else ""
+        mark = "  <- fastest" if r is best else ""
         lines.append(f"{r.num_workers:>11} {r.pin_memory!s:>10} {r.samples_per_s:>10.0f} "
-                     f"{r.first_batch_s:>13.2f}{mark}")  # fmt: skip
-    budget_ms = 1000.0 * batch_size / best.samples_per_s
+                     f"{r.first_batch_s:>13.2f} {r.process_cpu_ms:>20.2f}{mark}")  # fmt: skip
+    if step_ms is not None:
+        fits = [r for r in rows if r.batch_ms(batch_size) <= step_ms]
+        pick = _lightest(fits) if fits else best
+        why = (
+            f"the lightest on the training process ({pick.process_cpu_ms:.2f} ms of its CPU "
+            f"a batch) of those that load a batch within the {step_ms:g} ms step"
+            if fits
+            else f"no setting loads a batch within the {step_ms:g} ms step; the fastest"
+        )
+        lines.append(f"recommended: {_setting(pick)}: {why}")
+        return "\n".join(lines)
     lines.append(
-        f"recommended: data.num_workers={best.num_workers} data.pin_memory="
-        f"{str(best.pin_memory).lower()}; a training step (batch {batch_size} per rank) must "
-        f"take longer than {budget_ms:.1f} ms for data loading not to be the bottleneck"
+        f"recommended: {_setting(best)}; a training step (batch {batch_size} per rank) must "
+        f"take longer than {best.batch_ms(batch_size):.1f} ms for data loading not to be the "
+        "bottleneck"
     )
+    if light.process_cpu_ms < (1 - CPU_TIE) * best.process_cpu_ms:
+        lines.append(
+            f"lightest on the training process: {_setting(light)} ({light.process_cpu_ms:.2f} "
+            f"against {best.process_cpu_ms:.2f} ms of its CPU a batch), enough for steps longer "
+            f"than {light.batch_ms(batch_size):.1f} ms; --step-ms MS picks for your step time"
+        )
     return "\n".join(lines)
+
+
+def _lightest(rows: list[Row]) -> Row:
+    """The row costing the training process least CPU; rows within CPU_TIE of it count as equal
+    (timing noise), and of those the one with the fewest workers (less memory) wins."""
+    low = min(r.process_cpu_ms for r in rows)
+    equal = [r for r in rows if r.process_cpu_ms <= (1 + CPU_TIE) * low]
+    return min(equal, key=lambda r: (r.num_workers, r.pin_memory))
+
+
+def _setting(row: Row) -> str:
+    return f"data.num_workers={row.num_workers} data.pin_memory={str(row.pin_memory).lower()}"
