@@ -1,0 +1,60 @@
+"""The GPU benchmarks' scripts run end to end on CPUs (tiny sizes, gloo), so that a device
+session's minutes are not spent finding a broken argument or a changed API (issue #17: the
+one-process comparisons are `step_pairs.py` and `step_profile.py`). Nothing here is timed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import VENV_BIN, run
+
+pytestmark = pytest.mark.dist
+
+BENCH = Path(__file__).parents[2] / "benchmarks"
+
+
+@pytest.mark.timeout(150)
+def test_step_pairs_alternates_windows_on_two_ranks(tmp_path: Path) -> None:
+    out = tmp_path / "pairs.json"
+    cmd = [str(VENV_BIN / "torchrun"), "--standalone", "--nproc_per_node=2",
+           str(BENCH / "step_pairs.py"), "--size", "tiny", "--pairs", "7", "--window", "2",
+           "--warmup", "1", "--clip", "1.0", "--out", str(out), "data.num_workers=0"]  # fmt: skip
+    result = run(cmd, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["world"] == 2
+    assert len(record["hand_ms"]) == len(record["trainer_ms"]) == 7
+    assert min(record["hand_ms"] + record["trainer_ms"]) > 0
+    ratio = record["trainer_median"] / record["hand_median"] - 1
+    assert record["overhead"] == pytest.approx(ratio)
+    assert "median of the pairs' ratios" in result.stdout
+
+
+@pytest.mark.timeout(60)
+def test_step_pairs_refuses_settings_it_makes_itself() -> None:
+    cmd = [sys.executable, str(BENCH / "step_pairs.py"), "--size", "tiny", "train.max_steps=5"]
+    result = run(cmd, timeout=45)
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith("train.max_steps=5: set from --warmup, --pairs and --window; leave it out")
+    )
+
+
+@pytest.mark.timeout(150)
+def test_step_profile_times_both_sides(tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    cmd = [sys.executable, str(BENCH / "step_profile.py"), "--nproc", "1", "--size", "tiny",
+           "--reps", "1", "--warmup", "2", "--window", "3", "--out", str(out)]  # fmt: skip
+    result = run(cmd, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    for side in ("hand", "trainer"):
+        (rep,) = record["timing"][side]
+        assert rep["step_ms"] > 0 and rep["model_ms"] > 0, rep
+    assert "per step" in result.stdout
