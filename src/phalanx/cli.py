@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -185,11 +186,24 @@ def _add_probe_data(sub: argparse._SubParsersAction[_Parser]) -> None:
     probe.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
 
 
+def _probe_data_usage(args: argparse.Namespace) -> str:
+    """What is wrong with probe-data's options, if anything ("": nothing)."""
+    if args.batches < 1:
+        return f"--batches {args.batches}: time at least 1 batch per setting"
+    if args.max_workers is not None and args.max_workers < 0:
+        return f"--max-workers {args.max_workers}: give 0 or more (0: loading in the process only)"
+    # `not x > 0` refuses NaN too; inf would accept every setting as fast enough.
+    if args.step_ms is not None and not (args.step_ms > 0 and math.isfinite(args.step_ms)):
+        return f"--step-ms {args.step_ms:g}: give the training step's time in ms (a number > 0)"
+    return ""
+
+
 def _cmd_probe_data(args: argparse.Namespace) -> int:
     from phalanx.data.probe import sweep
 
-    if args.step_ms is not None and not args.step_ms > 0:
-        raise UsageError(f"--step-ms {args.step_ms:g}: give the training step's time in ms (> 0)")
+    wrong = _probe_data_usage(args)
+    if wrong:
+        raise UsageError(wrong)
     print(sweep(args.script, list(args.args), max_workers=args.max_workers, batches=args.batches,
                 step_ms=args.step_ms))  # fmt: skip
     return 0

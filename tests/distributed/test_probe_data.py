@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import need
@@ -43,5 +45,36 @@ def test_probe_data_with_a_step_time_and_a_bad_one() -> None:
     bad = run([*base, "--step-ms", "0", *script], timeout=30)
     assert bad.returncode == 2
     assert bad.stderr.strip() == (
-        "phalanx probe-data: error: --step-ms 0: give the training step's time in ms (> 0)"
+        "phalanx probe-data: error: --step-ms 0: give the training step's time in ms (a number > 0)"
     )
+
+
+ONE_BATCH = """
+import torch, phalanx
+from torch.utils.data import TensorDataset
+
+def main():
+    cfg = phalanx.parse_config(phalanx.TrainerConfig)
+    with phalanx.distributed(cfg) as d:
+        phalanx.Trainer(d, config=cfg, model=torch.nn.Linear(4, 1),
+                        train_data=TensorDataset(torch.randn(96, 4)),
+                        train_step=lambda m, b: m(b[0]).sum())
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_probe_data_refuses_data_with_nothing_to_time(tmp_path: Path) -> None:
+    script = tmp_path / "one_batch.py"
+    script.write_text(ONE_BATCH)
+    cmd = [str(VENV_BIN / "phalanx"), "probe-data", "--max-workers", "0", str(script),
+           "data.batch_size=96", "run.dry_run=true"]  # fmt: skip
+    result = run(cmd, timeout=75)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "phalanx probe-data: error: the script's train_data holds one batch per rank "
+        "(data.batch_size=96): none left to time after the first; probe a larger data set"
+    )
+    assert "Traceback" not in result.stderr

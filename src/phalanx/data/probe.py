@@ -10,12 +10,13 @@ Two costs per setting: how fast batches arrive (samples/s), and how much CPU tim
 process itself spends per batch (all its threads, workers excluded). The second is what the
 thread launching the GPU's kernels shares its process with: a batch taken from a worker costs
 unpickling, the shared memory's file descriptor and mapping, and under pin_memory a thread of
-its own (issue #17 measured ~0.3 ms more a small batch than making it in the process).
+its own (benchmarks/loader_take.py: ~0.3 ms more for a batch that costs nothing to make).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import sys
 import time
@@ -26,6 +27,7 @@ from typing import Any
 
 from phalanx.errors import UsageError
 
+_END = object()  # next()'s default: the loader gave no batch
 CPU_TIE = 0.1
 """Process CPU times within this fraction of each other are one cost to the recommendation."""
 
@@ -83,6 +85,7 @@ def measure(handle: Any, kwargs: dict[str, Any], workers: int, pin: bool, batche
     import torch
 
     from phalanx.train.feeding import train_loader
+    from phalanx.train.step import batch_size_of
 
     config = kwargs.get("config") or handle.config
     data = dataclasses.replace(config.data, num_workers=workers, pin_memory=pin)
@@ -92,19 +95,20 @@ def measure(handle: Any, kwargs: dict[str, Any], workers: int, pin: bool, batche
                           collate_fn=kwargs.get("collate_fn"), start=(0, 0))  # fmt: skip
     started = time.perf_counter()
     iterator = iter(loader)
-    next(iterator)
+    if next(iterator, _END) is _END:
+        raise UsageError("the script's train_data gives this rank no batch: nothing to time")
     first = time.perf_counter() - started
-    started, cpu, count = time.perf_counter(), time.process_time(), 0
-    for _ in range(batches):
-        try:
-            next(iterator)
-        except StopIteration:
-            break
-        count += 1
+    started, cpu, samples, count = time.perf_counter(), time.process_time(), 0, 0
+    for batch in itertools.islice(iterator, batches):
+        samples, count = samples + batch_size_of(batch), count + 1  # a short last batch too
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     del iterator
-    rate = count * data.batch_size / max(elapsed, 1e-9)
-    return Row(workers, pin, rate, first, 1000.0 * cpu / max(count, 1))
+    if count == 0:
+        raise UsageError(
+            f"the script's train_data holds one batch per rank (data.batch_size="
+            f"{data.batch_size}): none left to time after the first; probe a larger data set"
+        )
+    return Row(workers, pin, samples / max(elapsed, 1e-9), first, 1000.0 * cpu / count)
 
 
 def sweep(
@@ -138,7 +142,8 @@ def report(rows: list[Row], batch_size: int, *, step_ms: float | None = None) ->
         pick = _lightest(fits) if fits else best
         why = (
             f"the lightest on the training process ({pick.process_cpu_ms:.2f} ms of its CPU "
-            f"a batch) of those that load a batch within the {step_ms:g} ms step"
+            f"a batch) of those that load a batch within the {step_ms:g} ms step (it takes "
+            f"{pick.batch_ms(batch_size):.1f} ms with the loader alone; training shares the CPUs)"
             if fits
             else f"no setting loads a batch within the {step_ms:g} ms step; the fastest"
         )

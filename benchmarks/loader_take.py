@@ -1,0 +1,101 @@
+"""What a batch costs the training process: made in it, or taken from DataLoader workers (#17).
+
+    python benchmarks/loader_take.py [--reps 5] [--batches 200] [--workers 0 1 2] [--out PATH]
+
+Two in-memory data sets: `tokens` (step_pairs.py's GPT-2 batches: 8 windows of 1,025 random
+int64 tokens, a sample costs one randint) and `images` (64 FashionMNIST-shaped samples: a uint8
+28x28 slice made float and normalised, as examples/fashion_mnist.py does). For each number of
+workers, a persistent DataLoader is built, 20 batches are taken to warm it up, then `--batches`
+batches are timed: the calling thread's CPU time and the process's (all its threads; the
+workers are other processes), per batch. While a worker has no batch ready the caller waits,
+which costs no CPU, so both are the take's own cost. The settings' order rotates with each of
+the `--reps` repetitions. Prints medians (min..max) and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from step_profile_model import RandomTokens
+from torch.utils.data import DataLoader, Dataset
+
+
+class Images(Dataset[tuple[torch.Tensor, int]]):
+    """FashionMNIST's shape held in memory (random pixels): a sample is a slice and a cast."""
+
+    def __init__(self, count: int) -> None:
+        self.pixels = torch.randint(0, 256, (count, 28, 28), dtype=torch.uint8)
+
+    def __len__(self) -> int:
+        return len(self.pixels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return (self.pixels[index].float().div_(255.0) - 0.286) / 0.353, index % 10
+
+
+DATA: dict[str, tuple[Any, int]] = {
+    "tokens": (lambda: RandomTokens(50257, 1024, 8 * 2000), 8),
+    "images": (lambda: Images(64 * 500), 64),
+}
+
+
+def one(name: str, workers: int, batches: int) -> dict[str, float]:
+    make, batch_size = DATA[name]
+    loader = DataLoader(make(), batch_size=batch_size, shuffle=True, num_workers=workers,
+                        persistent_workers=workers > 0)  # fmt: skip
+    it = iter(loader)
+    for _ in range(20):
+        next(it)
+    thread, process, wall = time.thread_time(), time.process_time(), time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    done = {
+        "thread_ms": (time.thread_time() - thread) * 1e3 / batches,
+        "process_ms": (time.process_time() - process) * 1e3 / batches,
+        "samples_per_s": batches * batch_size / (time.perf_counter() - wall),
+    }
+    del it, loader
+    return done
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/loader_take.json"))
+    args = parser.parse_args()
+    if args.reps < 1 or args.batches < 1 or min(args.workers) < 0:
+        parser.error("--reps and --batches: at least 1; --workers: 0 or more each")
+    settings = [(name, w) for name in DATA for w in args.workers]
+    runs: dict[str, list[dict[str, float]]] = {f"{n} {w}": [] for n, w in settings}
+    for rep in range(args.reps):
+        k = rep % len(settings)
+        for name, workers in settings[k:] + settings[:k]:
+            runs[f"{name} {workers}"].append(one(name, workers, args.batches))
+    print(f"torch {torch.__version__}, {args.reps} reps of {args.batches} batches, "
+          f"CPU ms per batch: median (min..max)")  # fmt: skip
+    print(f"{'data':<8}{'workers':>8}{'calling thread':>22}{'process':>22}{'samples/s':>11}")
+    for key, reps in runs.items():
+        name, workers = key.split()
+        cells = []
+        for metric in ("thread_ms", "process_ms"):
+            values = [r[metric] for r in reps]
+            cells.append(f"{statistics.median(values):.3f} ({min(values):.3f}..{max(values):.3f})")
+        rate = statistics.median(r["samples_per_s"] for r in reps)
+        print(f"{name:<8}{workers:>8}{cells[0]:>22}{cells[1]:>22}{rate:>11.0f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "args": vars(args) | {"out": str(args.out)}, "runs": runs}  # fmt: skip
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
