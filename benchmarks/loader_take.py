@@ -1,7 +1,7 @@
 """What a batch costs the training process: made in it, or taken from DataLoader workers (#17).
 
     python benchmarks/loader_take.py [--reps 5] [--batches 200] [--workers 0 1 2] [--hogs N]
-        [--out PATH]
+        [--sharing file_descriptor|file_system] [--out PATH]
 
 Two in-memory data sets: `tokens` (step_pairs.py's GPT-2 batches: 8 windows of 1,025 random
 int64 tokens, a sample costs one randint) and `images` (64 FashionMNIST-shaped samples: a uint8
@@ -15,8 +15,9 @@ its batch ready: with workers, 20 rounds of a 0.1 s pause (the workers fill thei
 `--hogs N`, N processes spin on the CPUs throughout, as other jobs on a shared node would: a
 worker's batch reaches the training process through a round trip with the worker (its
 resource-sharer thread hands over the shared memory's file descriptor), which then waits for
-the worker to be scheduled. The settings' order rotates with each of the `--reps` repetitions.
-Prints medians (min..max) and writes JSON.
+the worker to be scheduled; `--sharing file_system` (torch's other strategy: the receiver opens
+the memory by name) has no such round trip. The settings' order rotates with each of the
+`--reps` repetitions. Prints medians (min..max) and writes JSON.
 """
 
 from __future__ import annotations
@@ -98,10 +99,14 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--hogs", type=int, default=0, help="processes spinning on the CPUs")
+    strategies = ("file_descriptor", "file_system")
+    parser.add_argument("--sharing", choices=strategies, default=strategies[0],
+                        help="torch.multiprocessing's sharing strategy")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/loader_take.json"))
     args = parser.parse_args()
     if args.reps < 1 or args.batches < 1 or min(args.workers) < 0 or args.hogs < 0:
         parser.error("--reps and --batches: at least 1; --workers and --hogs: 0 or more")
+    torch.multiprocessing.set_sharing_strategy(args.sharing)
     hogs = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.hogs)]
     for hog in hogs:
         hog.start()
@@ -126,7 +131,7 @@ def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
 
 def report(args: argparse.Namespace, runs: dict[str, list[dict[str, float]]]) -> None:
     print(f"torch {torch.__version__}, {args.reps} reps of {args.batches} batches, {args.hogs} "
-          "spinning processes; ms per batch: median (min..max)")  # fmt: skip
+          f"spinning processes, {args.sharing}; ms per batch: median (min..max)")  # fmt: skip
     print(f"{'data':<8}{'workers':>8}{'thread CPU':>22}{'process CPU':>22}{'ready take wall':>22}"
           f"{'samples/s':>11}")  # fmt: skip
     for key, reps in runs.items():
