@@ -130,7 +130,6 @@ def report(rows: list[Row], batch_size: int, *, step_ms: float | None = None) ->
     """The table and a recommendation: the fastest setting, or with `step_ms` (the training
     step's time) the one lightest on the training process among those that keep up with it."""
     best = max(rows, key=lambda r: r.samples_per_s)
-    light = _lightest(rows)
     lines = [f"{'num_workers':>11} {'pin_memory':>10} {'samples/s':>10} {'first batch s':>13} "
              f"{'process CPU ms/batch':>20}"]  # fmt: skip
     for r in rows:
@@ -154,6 +153,7 @@ def report(rows: list[Row], batch_size: int, *, step_ms: float | None = None) ->
         f"take longer than {best.batch_ms(batch_size):.1f} ms for data loading not to be the "
         "bottleneck"
     )
+    light = _lightest(rows)
     if light.process_cpu_ms < (1 - CPU_TIE) * best.process_cpu_ms:
         lines.append(
             f"lightest on the training process: {_setting(light)} ({light.process_cpu_ms:.2f} "
