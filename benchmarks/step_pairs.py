@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc_per_node=1 benchmarks/step_pairs.py [--size gpt2|tiny]
         [--bf16] [--clip 1.0] [--compile [--compile-mode MODE]] [--warmup 20] [--window 20]
-        [--pairs 15] [--out PATH] [train.x=y ...]
+        [--pairs 15] [--sharing file_descriptor|file_system] [--out PATH] [train.x=y ...]
 
 `step_overhead.py` starts fresh processes and `step_profile.py` builds both sides anew for every
 repetition; on lent GPU hosts a process's (or a stretch of minutes') speed drifts by up to 25%,
@@ -16,6 +16,11 @@ reference times its steps; the Trainer logs once, at its last step, after the la
 reference reads its loss once). Charged to the Trainer, as in `phalanx_step.py`: its step
 function makes the inputs and targets contiguous on the device (two small copies a step; the
 hand loop's batches are made contiguous on the host before their copy).
+
+`--sharing file_system` makes the Trainer's loader workers hand batches over by file name instead
+of torch's default file descriptors (each descriptor is a round trip with the worker's sharing
+thread; log, Session 17): a diagnosis of what the default loader's workers cost, not a setting
+phalanx offers.
 
 Prints each side's median step time (min..max), the overhead of the medians, the median of the
 pairs' ratios and MFU (the reference's count against 989 TFLOP/s at --size gpt2); writes JSON.
@@ -96,11 +101,26 @@ class Alternate(phalanx.Callback):
         self.started = self._now()
 
 
+class SharedTokens(RandomTokens):
+    """RandomTokens whose worker sets torch's sharing strategy before its first batch is sent:
+    workers start from a fork server and do not inherit the parent's strategy."""
+
+    def __init__(self, *args: int, sharing: str) -> None:
+        super().__init__(*args)
+        self.sharing = sharing
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if torch.multiprocessing.get_sharing_strategy() != self.sharing:
+            torch.multiprocessing.set_sharing_strategy(self.sharing)
+        return super().__getitem__(index)
+
+
 def run(args: argparse.Namespace) -> None:
     # One step after the last window, with the run's only logging point (last: these win).
     steps = args.warmup + args.pairs * args.window + 1
     args.overrides = [*args.overrides, f"train.max_steps={steps}", f"train.log_every={steps}"]
     cfg = trainer_config(args)
+    torch.multiprocessing.set_sharing_strategy(args.sharing)  # the receiving side's
     with phalanx.distributed(cfg.dist) as d:
         hand = hand_loop(args, d)
         hand(args.warmup)  # compiled and warm before the Trainer's first window
@@ -109,7 +129,7 @@ def run(args: argparse.Namespace) -> None:
         torch.manual_seed(0)
         trainer = phalanx.Trainer(
             d, config=cfg, model=GPT(t, v, n_layers, h, dim),
-            train_data=RandomTokens(v, t, b * d.env.world_size * (steps + 1)),
+            train_data=SharedTokens(v, t, b * d.env.world_size * (steps + 1), sharing=args.sharing),
             # Contiguous, as the hand loop's batches: the same compiled graph on both sides.
             train_step=lambda model, batch: model(
                 batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
@@ -129,7 +149,7 @@ def report(args: argparse.Namespace, d: phalanx.Dist, times: dict[str, list[floa
     world = d.env.world_size
     print(f"{world} x {name}, torch {torch.__version__}, size {args.size}, compiled "
           f"{args.compile} ({args.compile_mode}), {len(hand)} pairs of {args.window}-step "
-          f"windows")  # fmt: skip
+          f"windows, sharing {args.sharing}")  # fmt: skip
     print(f"{'side':<9}{'median ms':>11}{'min..max':>17}{'MFU':>8}")
     for side, values, med in (("hand", hand, h_med), ("trainer", ours, t_med)):
         print(f"{side:<9}{med:>11.2f}{min(values):>9.2f}..{max(values):<6.2f}"
@@ -158,6 +178,13 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides")
     parser.add_argument("--compile", action="store_true", help="torch.compile both sides")
     parser.add_argument("--compile-mode", default="default")
+    strategies = sorted(torch.multiprocessing.get_all_sharing_strategies())
+    parser.add_argument(
+        "--sharing",
+        choices=strategies,
+        default="file_descriptor",
+        help="torch.multiprocessing's sharing strategy for the Trainer's workers",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("overrides", nargs="*", help="train.x=y for the Trainer only")
     args = parser.parse_args()
