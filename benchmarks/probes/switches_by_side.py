@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 # step_pairs.py and its helpers live one folder up.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import step_pairs
@@ -76,6 +78,10 @@ class Tally:
                 # The Trainer's window just ended (none before the second call).
                 self.close("trainer", n if self.calls > 2 else 0)
                 steps(n)
+                # The hand loop's queued work drains here, not in the Trainer's interval (a
+                # device synchronisation spins: it counts as the waiting thread's CPU time).
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
                 self.close("hand", n if self.calls > 1 else 0)
 
             return timed
