@@ -3,17 +3,21 @@ feed that copies the next step's batches to the device while the current step ru
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from phalanx.config.training import TrainerConfig
-from phalanx.data.loader import make_iterable_loader, make_train_loader
+from phalanx.data.cost import cheap_data_hint
+from phalanx.data.loader import make_iterable_loader, make_train_loader, start_workers
 from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.env import ClusterEnv
 from phalanx.train.step import to_device
+
+log = logging.getLogger("phalanx.train")
 
 
 def train_loader(
@@ -35,6 +39,28 @@ def train_loader(
         shuffle=data.shuffle, drop_last=data.drop_last, num_workers=workers,
         collate_fn=collate_fn, pin_memory=pin, start=start, worker_start=data.worker_start,
     )  # fmt: skip
+
+
+class WorkerAdvice:
+    """Starts the training loader's workers; the first time, rank 0 logs `cheap_data_hint` when
+    phalanx chose the worker count (`data.num_workers=-1`). The estimate runs once the workers
+    started: they already received the data set, so samples made here cannot change what they
+    got (a data set that opens its files on first use stays picklable for them)."""
+
+    def __init__(self, config: TrainerConfig, env: ClusterEnv) -> None:
+        self._pending = config.data.num_workers < 0 and env.is_main_process
+
+    def start(self, loader: DataLoader[Any]) -> Iterator[Any]:
+        batches = start_workers(loader)
+        if self._pending and not isinstance(loader.dataset, IterableDataset):
+            hint = cheap_data_hint(
+                loader.dataset, batch_size=loader.batch_size or 1, workers=loader.num_workers,
+                collate_fn=loader.collate_fn,
+            )  # fmt: skip
+            if hint:
+                log.info(hint)
+        self._pending = False
+        return batches
 
 
 def steps_per_epoch(sampler: GlobalOrderSampler, grad_accum: int) -> int:

@@ -24,6 +24,7 @@ from phalanx.dist.process_group import Dist
 from phalanx.errors import UsageError
 from phalanx.lifecycle.preemption import PreemptionWatcher, RunInterrupted
 from phalanx.track import Tracking
+from phalanx.train import feeding
 from phalanx.train.callbacks import Callback
 from phalanx.train.checkpointing import config_fingerprint, make_store
 from phalanx.train.evaluate import EvalFn, evaluate, lockstep_steps
@@ -217,6 +218,7 @@ class Trainer:
             self.train_data, config=self.config, env=self.env, device=self.handle.device,
             collate_fn=self.collate_fn, start=(self.state.epoch, self.state.global_index),
         )  # fmt: skip
+        self._advice = feeding.WorkerAdvice(self.config, self.env)
         sampler = loader.sampler if isinstance(loader.sampler, GlobalOrderSampler) else None
         accum = self.config.train.grad_accum
         per_epoch = steps_per_epoch(sampler, accum) if sampler is not None else 0
@@ -257,7 +259,7 @@ class Trainer:
         train = self.config.train
         sampler = loader.sampler if isinstance(loader.sampler, GlobalOrderSampler) else None
         known = common_steps_left(sampler, train.grad_accum) if sampler is not None else None
-        feed = DeviceFeed(start_workers(loader), self.handle.device, train.grad_accum)
+        feed = DeviceFeed(self._advice.start(loader), self.handle.device, train.grad_accum)
         taken = micro_steps = 0
         while not (self.max_steps and self.state.step >= self.max_steps):
             if known is not None and taken >= known:
