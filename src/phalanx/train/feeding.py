@@ -1,5 +1,6 @@
-"""The Trainer's training data: its loader, how many optimizer steps an epoch holds, and the
-feed that copies the next step's batches to the device while the current step runs."""
+"""The Trainer's data: its training and evaluation loaders, how many optimizer steps an epoch
+holds, the feed that copies the next step's batches to the device while the current step runs,
+and the start-up advice about worker processes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from phalanx.config.training import TrainerConfig
 from phalanx.data.cost import cheap_data_hint
-from phalanx.data.loader import make_iterable_loader, make_train_loader, start_workers
+from phalanx.data.loader import (
+    make_eval_loader,
+    make_iterable_loader,
+    make_train_loader,
+    start_workers,
+)  # fmt: skip
 from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.env import ClusterEnv
 from phalanx.train.step import to_device
@@ -38,6 +44,19 @@ def train_loader(
         dataset, env=env, batch_size=data.batch_size, seed=config.train.seed,
         shuffle=data.shuffle, drop_last=data.drop_last, num_workers=workers,
         collate_fn=collate_fn, pin_memory=pin, start=start, worker_start=data.worker_start,
+    )  # fmt: skip
+
+
+def eval_loader(
+    dataset: Dataset[Any], config: TrainerConfig, env: ClusterEnv,
+    collate_fn: Callable[[list[Any]], Any] | None,
+) -> DataLoader[Any]:  # fmt: skip
+    """A loader over this rank's shard of the evaluation data (built anew for each evaluation)."""
+    data = config.data
+    return make_eval_loader(
+        dataset, env=env, batch_size=data.eval_batch_size or data.batch_size,
+        collate_fn=collate_fn, worker_start=data.worker_start,
+        num_workers=None if data.num_workers < 0 else data.num_workers,
     )  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 from phalanx.checkpoint.checkpointer import Checkpointer
 from phalanx.checkpoint.position import TrainState
 from phalanx.config.training import CUDA_GRAPH_MODES, TrainerConfig
-from phalanx.data.loader import make_eval_loader, start_workers
+from phalanx.data.loader import start_workers
 from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.data.seeding import seed_everything
 from phalanx.dist.process_group import Dist
@@ -333,12 +333,7 @@ class Trainer:
         if self.eval_data is None or self.eval_step is None:
             return {}
         self._beat("eval")
-        data = self.config.data
-        loader = make_eval_loader(
-            self.eval_data, env=self.env, batch_size=data.eval_batch_size or data.batch_size,
-            collate_fn=self.collate_fn, worker_start=data.worker_start,
-            num_workers=None if data.num_workers < 0 else data.num_workers,
-        )  # fmt: skip
+        loader = feeding.eval_loader(self.eval_data, self.config, self.env, self.collate_fn)
         lockstep = lockstep_steps(self.model, loader, self.env.world_size)
         with self.throughput.paused():
             values = evaluate(
