@@ -32,6 +32,20 @@ class Heavy(Dataset[torch.Tensor]):
         return torch.linalg.svdvals(torch.rand(160, 160))
 
 
+class Costly(Dataset[torch.Tensor]):
+    """Samples well over the estimate's 10 ms budget each (a 300x300 SVD), counted."""
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        self.made += 1
+        return torch.linalg.svdvals(torch.rand(300, 300))
+
+
 def draws() -> tuple[float, float, list[float]]:
     return random.random(), float(numpy.random.rand()), torch.rand(2).tolist()
 
@@ -62,3 +76,9 @@ def test_no_advice_without_workers_or_samples() -> None:
     empty = TensorDataset(torch.zeros(0, 3))
     assert batch_cost_ms(empty, batch_size=8) is None
     assert cheap_data_hint(empty, batch_size=8, workers=8) is None
+
+
+def test_costly_samples_are_estimated_from_one_sample() -> None:
+    costly = Costly()
+    assert cheap_data_hint(costly, batch_size=8, workers=8) is None
+    assert costly.made == 1  # the start waits for one sample, not four

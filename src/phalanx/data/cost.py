@@ -32,6 +32,10 @@ from a worker (0.4-0.5 ms measured on this project's CPU, benchmarks/loader_take
 _SAMPLES = 4
 """Samples timed one by one; the fastest stands for all (the first may open files)."""
 
+_BUDGET_S = 0.01
+"""No further sample once this much time went into the estimate: costly samples (large volumes,
+network reads) delay the start by one sample, not four, and are far from cheap anyway."""
+
 
 def batch_cost_ms(
     dataset: Dataset[Any],
@@ -40,9 +44,10 @@ def batch_cost_ms(
     collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> float | None:
     """Estimated ms to make one batch of `batch_size` samples in this process (None for an empty
-    data set): the fastest of a few samples times `batch_size`, plus their collation (the faster
-    of two) scaled the same way. Python's, numpy's and torch's CPU generators are restored
-    afterwards, so the run's random streams are those it would draw without the estimate."""
+    data set): the fastest of a few samples (one when it alone takes over 10 ms) times
+    `batch_size`, plus their collation (the faster of two) scaled the same way. Python's,
+    numpy's and torch's CPU generators are restored afterwards, so the run's random streams are
+    those it would draw without the estimate."""
     count = min(_SAMPLES, len(dataset)) if isinstance(dataset, Sized) else 0
     if count == 0:
         return None
@@ -53,11 +58,13 @@ def batch_cost_ms(
             began = time.perf_counter()
             samples.append(dataset[index])
             times.append(time.perf_counter() - began)
+            if sum(times) > _BUDGET_S:
+                break
         collations = []
         for _ in range(2):  # the first may import or build what later ones reuse
             began = time.perf_counter()
             collate(samples)
-            collations.append((time.perf_counter() - began) / count)
+            collations.append((time.perf_counter() - began) / len(samples))
     return (min(times) + min(collations)) * batch_size * 1e3
 
 
