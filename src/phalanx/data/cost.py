@@ -1,29 +1,31 @@
-"""What a batch costs to make in the training process, and when worker processes cost more.
+"""What a batch costs to make, and advice when worker processes cost the training process more.
 
 A DataLoader worker's batch is not free to take: it reaches the training process through a
 hand-over per tensor (torch's default sharing strategy sends each tensor's shared memory as a
 file descriptor, a round trip with the worker), and with `pin_memory` torch's pinning thread does
 that work beside the training loop. Measured (docs/benchmarks.md, issue #17): on a 2-core CPU the
 training process spends 0.4-0.5 ms of CPU per token batch taken from a worker against 0.08 ms to
-make it itself; on an H200 the launching thread of a compiled GPT-2 step blocked about 13 times a
-step with 8 workers (each a chance to lose the CPU on a busy host) against once without workers.
-For data that costs less than the hand-over, workers only add that cost: `cheap_data_hint` says so
-once at the start, when the worker count was left to phalanx (`data.num_workers=-1`). It only
-advises: which process makes the batches decides where their random augmentations are drawn, so
-a choice by timing would make a run's data differ from machine to machine.
+make it itself; on an H200 the thread launching a GPT-2 step blocked 12.7-15 times a step with 8
+workers (each block a chance to lose the CPU on a busy host) against once without workers.
+
+`CostAdvice` times a few samples in a child process started like the loader's workers (it gets
+the data set the way they do, so nothing in the training process is touched: no file opened on
+first use, no random stream moved) and logs one line when a batch costs less than the hand-over.
+It only advises: which process makes the batches decides where their random augmentations are
+drawn, so a choice by timing would make a run's data differ from machine to machine.
 """
 
 from __future__ import annotations
 
-import contextlib
-import random
-import sys
+import multiprocessing
+import signal
+import threading
 import time
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Sized
+from multiprocessing.connection import Connection
 from typing import Any
 
-import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 HANDOVER_MS = 0.5
 """A batch cheaper than this to make costs the training process less made by itself than taken
@@ -33,8 +35,11 @@ _SAMPLES = 4
 """Samples timed one by one; the fastest stands for all (the first may open files)."""
 
 _BUDGET_S = 0.01
-"""No further sample once this much time went into the estimate: costly samples (large volumes,
-network reads) delay the start by one sample, not four, and are far from cheap anyway."""
+"""No further sample once the samples after the first took this long: costly samples (large
+volumes, network reads) are far from cheap, and the estimate ends after two of them."""
+
+_WAIT_S = 60.0
+"""How long the advice waits for its child's answer before giving up (no advice)."""
 
 
 def batch_cost_ms(
@@ -44,66 +49,92 @@ def batch_cost_ms(
     collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> float | None:
     """Estimated ms to make one batch of `batch_size` samples in this process (None for an empty
-    data set): the fastest of a few samples (one when it alone takes over 10 ms) times
-    `batch_size`, plus their collation (the faster of two) scaled the same way. Python's,
-    numpy's and torch's CPU generators are restored afterwards, so the run's random streams are
-    those it would draw without the estimate."""
+    or unsized data set): the fastest of a few samples times `batch_size`, plus their collation
+    (the faster of two) scaled the same way. It reads samples, so it changes what reading
+    changes (random streams, files opened on first use): `CostAdvice` runs it in a child."""
     count = min(_SAMPLES, len(dataset)) if isinstance(dataset, Sized) else 0
     if count == 0:
         return None
     collate = collate_fn or default_collate
-    with _rng_kept():
-        times, samples = [], []
-        for index in range(count):
-            began = time.perf_counter()
-            samples.append(dataset[index])
-            times.append(time.perf_counter() - began)
-            if sum(times) > _BUDGET_S:
-                break
-        collations = []
-        for _ in range(2):  # the first may import or build what later ones reuse
-            began = time.perf_counter()
-            collate(samples)
-            collations.append((time.perf_counter() - began) / len(samples))
+    times, samples = [], []
+    for index in range(count):
+        began = time.perf_counter()
+        samples.append(dataset[index])
+        times.append(time.perf_counter() - began)
+        if sum(times[1:]) > _BUDGET_S:
+            break
+    collations = []
+    for _ in range(2):  # the first may import or build what later ones reuse
+        began = time.perf_counter()
+        collate(samples)
+        collations.append((time.perf_counter() - began) / len(samples))
     return (min(times) + min(collations)) * batch_size * 1e3
 
 
-def cheap_data_hint(
-    dataset: Dataset[Any],
-    *,
-    batch_size: int,
-    workers: int,
-    collate_fn: Callable[[list[Any]], Any] | None = None,
-) -> str | None:
-    """A one-line advice to load in the training process, when `workers` > 0 would each hand over
-    batches that cost less than the hand-over to make; None otherwise, and when a sample cannot
-    be made in this process."""
-    if workers < 1:
-        return None
-    try:
-        cost = batch_cost_ms(dataset, batch_size=batch_size, collate_fn=collate_fn)
-    except Exception:  # advice must never stop a run: some data sets make samples only
-        return None  # inside workers (get_worker_info), and the loader reports real errors
-    if cost is None or cost >= HANDOVER_MS:
+def cheap_data_hint(cost_ms: float | None, *, batch_size: int, workers: int) -> str | None:
+    """The one-line advice to load in the training process, or None when `workers` is 0 or a
+    batch costs at least the hand-over (or could not be timed)."""
+    if workers < 1 or cost_ms is None or cost_ms >= HANDOVER_MS:
         return None
     return (
-        f"data: a batch of {batch_size} takes ~{cost:.2f} ms to make in the training process, "
-        f"less than taking one from a worker costs it (~{HANDOVER_MS} ms and a blocked training "
-        f"thread; {workers} worker(s) started); set data.num_workers=0 to make batches here "
+        f"data: a batch of {batch_size} takes ~{cost_ms:.2f} ms to make, less than taking one "
+        f"from a worker costs the training process (~{HANDOVER_MS} ms and a blocked training "
+        f"thread; {workers} worker(s) started); set data.num_workers=0 to make batches in it "
         "(`phalanx probe-data` measures both)"
     )
 
 
-@contextlib.contextmanager
-def _rng_kept() -> Iterator[None]:
-    """Restores python's, numpy's (when imported) and torch's CPU generators on exit."""
-    python, torch_state = random.getstate(), torch.get_rng_state()
-    numpy = sys.modules.get("numpy")
-    numpy_state = numpy.random.get_state() if numpy is not None else None
+def _time_in_child(
+    dataset: Dataset[Any], batch_size: int, collate_fn: Callable[[list[Any]], Any], out: Connection
+) -> None:
+    # As the loader's workers do: SLURM signals every process of a step, the training process
+    # handles them. This child ends by itself after a few samples.
+    for signum in (signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
     try:
-        yield
-    finally:
-        random.setstate(python)
-        torch.set_rng_state(torch_state)
-        if numpy is not None:
-            numpy.random.set_state(numpy_state)
+        cost = batch_cost_ms(dataset, batch_size=batch_size, collate_fn=collate_fn)
+    except Exception:  # a data set may make samples only inside workers (get_worker_info)
+        cost = None
+    out.send(cost)
+    out.close()
+
+
+class CostAdvice:
+    """Times `loader`'s samples in a child process started by the loader's own start method and
+    logs `cheap_data_hint` through `advise` from a background thread when the answer comes (the
+    training goes on meanwhile). `close()` waits up to `wait_s` for a pending answer, then ends
+    the child."""
+
+    def __init__(self, loader: DataLoader[Any], advise: Callable[[str], None]) -> None:
+        assert loader.batch_size is not None and loader.num_workers > 0, "a worker loader"
+        context = loader.multiprocessing_context or multiprocessing.get_context()
+        answers, out = context.Pipe(duplex=False)
+        self._child = context.Process(
+            target=_time_in_child, name="phalanx-data-cost", daemon=True,
+            args=(loader.dataset, loader.batch_size, loader.collate_fn, out),
+        )  # fmt: skip
+        self._child.start()
+        out.close()
+        hint = dict(batch_size=loader.batch_size, workers=loader.num_workers)
+        self._thread = threading.Thread(
+            target=self._wait, args=(answers, hint, advise), name="phalanx-data-cost", daemon=True
+        )
+        self._thread.start()
+
+    @staticmethod
+    def _wait(answers: Connection, hint: dict[str, int], advise: Callable[[str], None]) -> None:
+        try:
+            cost = answers.recv() if answers.poll(_WAIT_S) else None
+        except (EOFError, OSError):  # the child died (a signal, an import error in it)
+            cost = None
+        finally:
+            answers.close()
+        line = cheap_data_hint(cost, **hint)
+        if line:
+            advise(line)
+
+    def close(self, wait_s: float = 10.0) -> None:
+        self._thread.join(wait_s)
+        if self._child.is_alive():
+            self._child.kill()
+        self._child.join()

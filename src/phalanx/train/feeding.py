@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from phalanx.config.training import TrainerConfig
-from phalanx.data.cost import cheap_data_hint
+from phalanx.data.cost import CostAdvice
 from phalanx.data.loader import (
     make_eval_loader,
     make_iterable_loader,
@@ -61,25 +61,26 @@ def eval_loader(
 
 
 class WorkerAdvice:
-    """Starts the training loader's workers; the first time, rank 0 logs `cheap_data_hint` when
-    phalanx chose the worker count (`data.num_workers=-1`). The estimate runs once the workers
-    started: they already received the data set, so samples made here cannot change what they
-    got (a data set that opens its files on first use stays picklable for them)."""
+    """Starts the training loader's workers; the first time, when phalanx chose the worker count
+    (`data.num_workers=-1`) and on rank 0 only, a `CostAdvice` times the data set's samples
+    beside the run and logs whether batches would cost less made in the training process."""
 
     def __init__(self, config: TrainerConfig, env: ClusterEnv) -> None:
         self._pending = config.data.num_workers < 0 and env.is_main_process
+        self._advice: CostAdvice | None = None
 
     def start(self, loader: DataLoader[Any]) -> Iterator[Any]:
-        batches = start_workers(loader)
-        if self._pending and not isinstance(loader.dataset, IterableDataset):
-            hint = cheap_data_hint(
-                loader.dataset, batch_size=loader.batch_size or 1, workers=loader.num_workers,
-                collate_fn=loader.collate_fn,
-            )  # fmt: skip
-            if hint:
-                log.info(hint)
+        batches = start_workers(loader)  # a data set the workers cannot receive fails here
+        mapped = not isinstance(loader.dataset, IterableDataset) and loader.batch_size is not None
+        if self._pending and mapped and loader.num_workers > 0:
+            self._advice = CostAdvice(loader, log.info)
         self._pending = False
         return batches
+
+    def close(self) -> None:
+        """Waits briefly for a pending answer (a short run may end first), ends the child."""
+        if self._advice is not None:
+            self._advice.close()
 
 
 def steps_per_epoch(sampler: GlobalOrderSampler, grad_accum: int) -> int:

@@ -231,6 +231,7 @@ class Trainer:
             if self.stop_requested:
                 break
         self._hang.stop()  # the final evaluation and saves may take long: not a hang
+        self._advice.close()
         if not finished_epoch and not self.config.train.eval_every:
             self.evaluate()  # stopped by max_steps inside an epoch: evaluate the final model
         if self.state.step % self.config.train.log_every:
