@@ -18,7 +18,6 @@ drawn, so a choice by timing would make a run's data differ from machine to mach
 from __future__ import annotations
 
 import multiprocessing
-import signal
 import threading
 import time
 from collections.abc import Callable, Sized
@@ -87,10 +86,8 @@ def cheap_data_hint(cost_ms: float | None, *, batch_size: int, workers: int) -> 
 def _time_in_child(
     dataset: Dataset[Any], batch_size: int, collate_fn: Callable[[list[Any]], Any], out: Connection
 ) -> None:
-    # As the loader's workers do: SLURM signals every process of a step, the training process
-    # handles them. This child ends by itself after a few samples.
-    for signum in (signal.SIGUSR2, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)
+    # Signals keep their default action (unlike in the loader's workers): a SLURM signal or
+    # multiprocessing's exit-time terminate may end this child, which costs only the advice.
     try:
         cost = batch_cost_ms(dataset, batch_size=batch_size, collate_fn=collate_fn)
     except Exception:  # a data set may make samples only inside workers (get_worker_info)
