@@ -120,7 +120,6 @@ def run(args: argparse.Namespace) -> None:
     steps = args.warmup + args.pairs * args.window + 1
     args.overrides = [*args.overrides, f"train.max_steps={steps}", f"train.log_every={steps}"]
     cfg = trainer_config(args)
-    torch.multiprocessing.set_sharing_strategy(args.sharing)  # the receiving side's
     with phalanx.distributed(cfg.dist) as d:
         hand = hand_loop(args, d)
         hand(args.warmup)  # compiled and warm before the Trainer's first window

@@ -39,8 +39,16 @@ def test_costly_samples_stop_the_estimate_after_two() -> None:
     assert costly.made == 2  # the first may open files: the budget counts from the second
 
 
+class Unsized(Dataset[torch.Tensor]):
+    """Indexable without a length (a map-style set that never says how long it is)."""
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        raise AssertionError("an unsized data set is not read")
+
+
 def test_empty_or_unsized_data_has_no_estimate() -> None:
     assert batch_cost_ms(TensorDataset(torch.zeros(0, 3)), batch_size=8) is None
+    assert batch_cost_ms(Unsized(), batch_size=8) is None
 
 
 def test_the_advice_line_only_below_the_hand_over_and_with_workers() -> None:

@@ -71,8 +71,9 @@ class WorkerAdvice:
 
     def start(self, loader: DataLoader[Any]) -> Iterator[Any]:
         batches = start_workers(loader)  # a data set the workers cannot receive fails here
-        mapped = not isinstance(loader.dataset, IterableDataset) and loader.batch_size is not None
-        if self._pending and mapped and loader.num_workers > 0:
+        # Map-style data batched by the loader (a stream's samples cannot be read twice).
+        timeable = not isinstance(loader.dataset, IterableDataset) and loader.batch_size is not None
+        if self._pending and timeable and loader.num_workers > 0:
             self._advice = CostAdvice(loader, log.info)
         self._pending = False
         return batches
