@@ -17,6 +17,11 @@ reference reads its loss once). Charged to the Trainer, as in `phalanx_step.py`:
 function makes the inputs and targets contiguous on the device (two small copies a step; the
 hand loop's batches are made contiguous on the host before their copy).
 
+`--control` runs an A/A control instead: two instances of the hand loop (the same model, seed and
+settings) take the Trainer's and the hand loop's places in the same alternating windows, first
+the second instance, then the first. Its overhead and paired ratio are what the method reports
+when the two sides are the same code: the host's noise floor for the numbers above.
+
 `--sharing file_system` makes the Trainer's loader workers hand batches over by file name instead
 of torch's default file descriptors (each descriptor is a round trip with the worker's sharing
 thread; log, Session 17): a diagnosis of what the default loader's workers cost, not a setting
@@ -115,6 +120,24 @@ class SharedTokens(RandomTokens):
         return super().__getitem__(index)
 
 
+def control(args: argparse.Namespace) -> None:
+    """The A/A control (--control): the hand loop against a second instance of itself, in the
+    windows' order of run() (the second instance first in each pair, the first after it)."""
+    cfg = trainer_config(args)
+    with phalanx.distributed(cfg.dist) as d:
+        first, second = hand_loop(args, d), hand_loop(args, d)
+        first(args.warmup), second(args.warmup)
+        clock = Alternate(args, d.device, first)
+        times: dict[str, list[float]] = {"hand": [], "trainer": []}
+        for _ in range(args.pairs):
+            for side, steps in (("trainer", second), ("hand", first)):
+                began = clock._now()
+                steps(args.window)
+                times[side].append((clock._now() - began) * 1e3 / args.window)
+        if d.env.rank == 0:
+            report(args, d, times)
+
+
 def run(args: argparse.Namespace) -> None:
     # One step after the last window, with the run's only logging point (last: these win).
     steps = args.warmup + args.pairs * args.window + 1
@@ -149,12 +172,14 @@ def report(args: argparse.Namespace, d: phalanx.Dist, times: dict[str, list[floa
     print(f"{world} x {name}, torch {torch.__version__}, size {args.size}, compiled "
           f"{args.compile} ({args.compile_mode}), {len(hand)} pairs of {args.window}-step "
           f"windows, sharing {args.sharing}")  # fmt: skip
-    print(f"{'side':<9}{'median ms':>11}{'min..max':>17}{'MFU':>8}")
-    for side, values, med in (("hand", hand, h_med), ("trainer", ours, t_med)):
-        print(f"{side:<9}{med:>11.2f}{min(values):>9.2f}..{max(values):<6.2f}"
+    print(f"{'side':<11}{'median ms':>11}{'min..max':>17}{'MFU':>8}")
+    ours_name = "hand (2nd)" if args.control else "trainer"
+    for side, values, med in (("hand", hand, h_med), (ours_name, ours, t_med)):
+        print(f"{side:<11}{med:>11.2f}{min(values):>9.2f}..{max(values):<6.2f}"
               f"{mfu(med, args.size):>8.1%}")  # fmt: skip
     verdict = "met" if t_med / h_med - 1 <= 0.01 else "missed"
-    print(f"overhead of the medians {t_med / h_med - 1:+.2%} (goal ≤ 1%: {verdict}); "
+    verdict = "A/A control, no goal" if args.control else f"goal ≤ 1%: {verdict}"
+    print(f"overhead of the medians {t_med / h_med - 1:+.2%} ({verdict}); "
           f"median of the pairs' ratios {paired:+.2%}")  # fmt: skip
     out = args.out or Path("benchmarks/results") / f"step_pairs-{world}x{d.device.type}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -184,6 +209,9 @@ def main() -> None:
         default="file_descriptor",
         help="torch.multiprocessing's sharing strategy for the Trainer's workers",
     )
+    parser.add_argument(
+        "--control", action="store_true", help="A/A: the hand loop against itself, no Trainer"
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("overrides", nargs="*", help="train.x=y for the Trainer only")
     args = parser.parse_args()
@@ -194,7 +222,7 @@ def main() -> None:
     fixed = [o for o in args.overrides if o.split("=")[0] in ("train.max_steps", "train.log_every")]
     if fixed:
         parser.error(f"{fixed[0]}: set from --warmup, --pairs and --window; leave it out")
-    run(args)
+    control(args) if args.control else run(args)
 
 
 if __name__ == "__main__":
