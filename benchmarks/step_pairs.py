@@ -27,6 +27,10 @@ of torch's default file descriptors (each descriptor is a round trip with the wo
 thread; log, Session 17): a diagnosis of what the default loader's workers cost, not a setting
 phalanx offers.
 
+`--switch-interval S` sets Python's thread switch interval (`sys.setswitchinterval`, 0.005 s by
+default) in the training process: a thread waiting for the GIL forces its holder to hand it over
+after that long. A diagnosis of the pin-memory thread's handovers with the launching thread.
+
 Prints each side's median step time (min..max), the overhead of the medians, the median of the
 pairs' ratios and MFU (the reference's count against 989 TFLOP/s at --size gpt2); writes JSON.
 """
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -212,6 +217,7 @@ def main() -> None:
     parser.add_argument(
         "--control", action="store_true", help="A/A: the hand loop against itself, no Trainer"
     )
+    parser.add_argument("--switch-interval", type=float, default=None, metavar="S")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("overrides", nargs="*", help="train.x=y for the Trainer only")
     args = parser.parse_args()
@@ -222,6 +228,8 @@ def main() -> None:
     fixed = [o for o in args.overrides if o.split("=")[0] in ("train.max_steps", "train.log_every")]
     if fixed:
         parser.error(f"{fixed[0]}: set from --warmup, --pairs and --window; leave it out")
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     control(args) if args.control else run(args)
 
 
