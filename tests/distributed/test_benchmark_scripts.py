@@ -40,6 +40,23 @@ def test_step_pairs_alternates_windows_on_two_ranks(tmp_path: Path) -> None:
     assert "median of the pairs' ratios" in result.stdout
 
 
+@pytest.mark.timeout(150)
+def test_step_pairs_control_times_the_hand_loop_against_itself(tmp_path: Path) -> None:
+    out = tmp_path / "control.json"
+    cmd = [str(VENV_BIN / "torchrun"), "--standalone", "--nproc_per_node=2",
+           str(BENCH / "step_pairs.py"), "--size", "tiny", "--pairs", "7", "--window", "2",
+           "--warmup", "1", "--control", "--switch-interval", "0.01",
+           "--out", str(out)]  # fmt: skip
+    result = run(cmd, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["args"]["control"] is True and record["args"]["switch_interval"] == 0.01
+    assert len(record["hand_ms"]) == len(record["trainer_ms"]) == 7
+    assert min(record["hand_ms"] + record["trainer_ms"]) > 0
+    assert "hand (2nd)" in result.stdout and "A/A control, no goal" in result.stdout
+    assert "trainer" not in result.stdout  # no Trainer was built or reported
+
+
 @pytest.mark.timeout(60)
 def test_step_pairs_refuses_settings_it_makes_itself() -> None:
     cmd = [sys.executable, str(BENCH / "step_pairs.py"), "--size", "tiny", "train.max_steps=5"]
