@@ -81,3 +81,16 @@ def test_step_profile_times_both_sides(tmp_path: Path) -> None:
         (rep,) = record["timing"][side]
         assert rep["step_ms"] > 0 and rep["model_ms"] > 0, rep
     assert "per step" in result.stdout
+
+
+@pytest.mark.timeout(150)
+def test_fetch_before_backward_probe_runs_with_loader_workers(tmp_path: Path) -> None:
+    out = tmp_path / "early.json"
+    cmd = [str(VENV_BIN / "torchrun"), "--standalone", "--nproc_per_node=1",
+           str(BENCH / "probes" / "fetch_before_backward.py"), "--early", "--size", "tiny",
+           "--pairs", "7", "--window", "2", "--warmup", "1", "--out", str(out),
+           "data.num_workers=1"]  # fmt: skip
+    result = run(cmd, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(json.loads(out.read_text())["trainer_ms"]) == 7
+    assert "voluntary" in result.stdout  # the scheduling table of both sides
