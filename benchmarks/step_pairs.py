@@ -83,6 +83,13 @@ def hand_loop(args: argparse.Namespace, d: phalanx.Dist) -> Callable[[int], None
     return steps
 
 
+def now(device: torch.device) -> float:
+    """The time once the device's queued work is done (each window is timed between two)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 class Alternate(phalanx.Callback):
     """After each window of the Trainer's steps, one window of the hand loop; both timed."""
 
@@ -92,11 +99,6 @@ class Alternate(phalanx.Callback):
         self.started = 0.0
         self.times: dict[str, list[float]] = {"hand": [], "trainer": []}
 
-    def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
     def on_step_end(self, trainer: phalanx.Trainer) -> None:
         self.done += 1
         warmup, window = self.args.warmup, self.args.window
@@ -104,11 +106,11 @@ class Alternate(phalanx.Callback):
         if past < 0 or past % window or past > window * self.args.pairs:
             return
         if past > 0:
-            self.times["trainer"].append((self._now() - self.started) * 1e3 / window)
-            began = self._now()
+            self.times["trainer"].append((now(self.device) - self.started) * 1e3 / window)
+            began = now(self.device)
             self.hand(window)
-            self.times["hand"].append((self._now() - began) * 1e3 / window)
-        self.started = self._now()
+            self.times["hand"].append((now(self.device) - began) * 1e3 / window)
+        self.started = now(self.device)
 
 
 class SharedTokens(RandomTokens):
@@ -127,18 +129,20 @@ class SharedTokens(RandomTokens):
 
 def control(args: argparse.Namespace) -> None:
     """The A/A control (--control): the hand loop against a second instance of itself, in the
-    windows' order of run() (the second instance first in each pair, the first after it)."""
+    windows' order of run() (the second instance first in each pair, the first after it). No
+    loader workers or pinning thread run beside it, as with the Trainer's data.num_workers=0.
+    The record keeps run()'s keys: "trainer_ms" holds the second instance's windows."""
     cfg = trainer_config(args)
     with phalanx.distributed(cfg.dist) as d:
         first, second = hand_loop(args, d), hand_loop(args, d)
-        first(args.warmup), second(args.warmup)
-        clock = Alternate(args, d.device, first)
+        first(args.warmup)
+        second(args.warmup)
         times: dict[str, list[float]] = {"hand": [], "trainer": []}
         for _ in range(args.pairs):
             for side, steps in (("trainer", second), ("hand", first)):
-                began = clock._now()
+                began = now(d.device)
                 steps(args.window)
-                times[side].append((clock._now() - began) * 1e3 / args.window)
+                times[side].append((now(d.device) - began) * 1e3 / args.window)
         if d.env.rank == 0:
             report(args, d, times)
 
@@ -174,9 +178,10 @@ def report(args: argparse.Namespace, d: phalanx.Dist, times: dict[str, list[floa
     paired = statistics.median(o / h - 1 for o, h in zip(ours, hand, strict=True))
     name = torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"
     world = d.env.world_size
+    what = "A/A control" if args.control else f"sharing {args.sharing}"
     print(f"{world} x {name}, torch {torch.__version__}, size {args.size}, compiled "
           f"{args.compile} ({args.compile_mode}), {len(hand)} pairs of {args.window}-step "
-          f"windows, sharing {args.sharing}")  # fmt: skip
+          f"windows, {what}")  # fmt: skip
     print(f"{'side':<11}{'median ms':>11}{'min..max':>17}{'MFU':>8}")
     ours_name = "hand (2nd)" if args.control else "trainer"
     for side, values, med in (("hand", hand, h_med), (ours_name, ours, t_med)):
@@ -217,7 +222,10 @@ def main() -> None:
     parser.add_argument(
         "--control", action="store_true", help="A/A: the hand loop against itself, no Trainer"
     )
-    parser.add_argument("--switch-interval", type=float, default=None, metavar="S")
+    parser.add_argument(
+        "--switch-interval", type=float, default=None, metavar="S",
+        help="Python's thread switch interval in seconds for this process (default 0.005)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("overrides", nargs="*", help="train.x=y for the Trainer only")
     args = parser.parse_args()
@@ -228,9 +236,16 @@ def main() -> None:
     fixed = [o for o in args.overrides if o.split("=")[0] in ("train.max_steps", "train.log_every")]
     if fixed:
         parser.error(f"{fixed[0]}: set from --warmup, --pairs and --window; leave it out")
+    if args.control and (args.overrides or args.sharing != "file_descriptor"):
+        parser.error("--control runs no Trainer: leave out train.x=y overrides and --sharing")
     if args.switch_interval is not None:
+        if args.switch_interval <= 0:
+            parser.error(f"--switch-interval {args.switch_interval}: give seconds above 0")
         sys.setswitchinterval(args.switch_interval)
-    control(args) if args.control else run(args)
+    if args.control:
+        control(args)
+    else:
+        run(args)
 
 
 if __name__ == "__main__":

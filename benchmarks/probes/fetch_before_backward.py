@@ -17,9 +17,10 @@ Without `--early` this runs `step_pairs.py` unchanged. With it, the Trainer's de
 the next step's batches from the loader just before each backward (the request to a worker
 leaves then, and its batch reaches the pin thread during the backward) and starts their copy to
 the device after the step, where it always did: the same batches, in the same order, the
-device's memory unchanged. Both print step_pairs' table and, per side and step, the launching
-thread's scheduling (`switches_by_side.py`'s columns). Patched in this process only; phalanx's
-code is unchanged. Run the two alternately in one call.
+device's memory unchanged (at a run's or epoch's last step it takes batches nobody uses: the
+Trainer would not prefetch there). Both print step_pairs' table and, per side and step, the
+launching thread's scheduling (`switches_by_side.py`'s columns). Patched in this process only;
+phalanx's code is unchanged. Run the two alternately in one call.
 """
 
 from __future__ import annotations
@@ -52,17 +53,19 @@ def early_feed() -> tuple[type[DeviceFeed], Callable[[], None]]:
         def __init__(self, it: Iterator[Any], device: torch.device, per_step: int) -> None:
             super().__init__(it, device, per_step)
             self._source, self._host = it, None
+            self.early = 0  # steps whose batches were taken before a backward
             current[:] = [self]
 
         def fetch_ahead(self) -> None:
-            if self._host is None:
+            if self._host is None:  # once a step: the first micro-batch's backward
                 self._host = list(itertools.islice(self._source, self._per_step))
+                self.early += 1
 
         def prefetch(self) -> None:
             host, self._host = self._host, None
             if host is None:
                 return super().prefetch()
-            self._it = iter(host)  # the base class reads from here, then the source again
+            self._it = iter(host)  # the base class reads only these; the source is put back
             try:
                 super().prefetch()
             finally:
@@ -75,7 +78,8 @@ def early_feed() -> tuple[type[DeviceFeed], Callable[[], None]]:
     return EarlyFeed, fetch_ahead
 
 
-def ask_before_backward() -> None:
+def ask_before_backward() -> type[DeviceFeed]:
+    """Patches this process's Trainer (its feed class, Precision.backward); returns the class."""
     feed_class, fetch_ahead = early_feed()
     trainer_module.DeviceFeed = feed_class  # type: ignore[misc]
     plain = Precision.backward
@@ -85,9 +89,14 @@ def ask_before_backward() -> None:
         plain(self, loss)
 
     Precision.backward = backward  # type: ignore[method-assign]
+    return feed_class
 
 
 def main() -> None:
+    if "--control" in sys.argv:
+        print("fetch_before_backward.py: --control builds no Trainer; use step_pairs.py --control",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(2)
     if "--early" in sys.argv:
         sys.argv.remove("--early")
         ask_before_backward()

@@ -54,7 +54,7 @@ def test_step_pairs_control_times_the_hand_loop_against_itself(tmp_path: Path) -
     assert len(record["hand_ms"]) == len(record["trainer_ms"]) == 7
     assert min(record["hand_ms"] + record["trainer_ms"]) > 0
     assert "hand (2nd)" in result.stdout and "A/A control, no goal" in result.stdout
-    assert "trainer" not in result.stdout  # no Trainer was built or reported
+    assert "trainer" not in result.stdout  # no Trainer's windows were reported
 
 
 @pytest.mark.timeout(60)
@@ -67,6 +67,21 @@ def test_step_pairs_refuses_settings_it_makes_itself() -> None:
         .splitlines()[-1]
         .endswith("train.max_steps=5: set from --warmup, --pairs and --window; leave it out")
     )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--control", "data.num_workers=0"], "--control runs no Trainer: leave out"),
+        (["--switch-interval", "0"], "--switch-interval 0.0: give seconds above 0"),
+    ],
+)
+def test_step_pairs_refuses_what_it_cannot_do(args: list[str], message: str) -> None:
+    cmd = [sys.executable, str(BENCH / "step_pairs.py"), "--size", "tiny", *args]
+    result = run(cmd, timeout=45)
+    assert result.returncode == 2
+    assert message in result.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.timeout(150)
@@ -94,3 +109,55 @@ def test_fetch_before_backward_probe_runs_with_loader_workers(tmp_path: Path) ->
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(json.loads(out.read_text())["trainer_ms"]) == 7
     assert "voluntary" in result.stdout  # the scheduling table of both sides
+
+
+# Trains the same model twice in one fresh process, the second time with the probe's patch:
+# 2 loader workers, 2 epochs (a new feed each), grad_accum=2, a data set the batches do not
+# divide (a short last step). Prints whether the weights are equal and how often the patched
+# feed took a step's batches before a backward.
+_SAME_BATCHES = """
+import json, sys, torch, phalanx
+from phalanx.config import load
+sys.path.insert(0, sys.argv[1])
+data = torch.utils.data.TensorDataset(torch.randn(100, 4), torch.randn(100, 1))
+def step(model, batch):
+    x, y = batch
+    return torch.nn.functional.mse_loss(model(x), y)
+def train(feeds):
+    cfg = load(phalanx.TrainerConfig, overrides=["train.epochs=2", "data.batch_size=8",
+        "train.progress=false", "data.num_workers=2", "train.grad_accum=2", "track.trackers=[]"])
+    with phalanx.distributed(cfg.dist) as d:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        trainer = phalanx.Trainer(d, config=cfg, model=model, train_data=data, train_step=step,
+                                  optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+        trainer.fit()
+        return model.weight.detach().clone(), trainer.state.step
+if __name__ == "__main__":
+    plain, plain_steps = train([])
+    import fetch_before_backward
+    feed_class = fetch_before_backward.ask_before_backward()
+    made = []
+    init = feed_class.__init__
+    def counted(self, *args):
+        init(self, *args)
+        made.append(self)
+    feed_class.__init__ = counted
+    early, steps = train(made)
+    print(json.dumps({"equal": torch.equal(plain, early), "steps": [plain_steps, steps],
+                      "early": [f.early for f in made]}))
+"""
+
+
+@pytest.mark.timeout(150)
+def test_fetch_before_backward_keeps_the_batches_and_their_order(tmp_path: Path) -> None:
+    script = tmp_path / "same_batches.py"
+    script.write_text(_SAME_BATCHES)
+    result = run([sys.executable, str(script), str(BENCH / "probes")], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert record["equal"], record
+    plain_steps, steps = record["steps"]
+    assert steps == plain_steps > 2
+    # One feed an epoch; every step's first backward took the next step's batches.
+    assert len(record["early"]) == 2 and sum(record["early"]) == steps, record
