@@ -73,8 +73,12 @@ def model_norm_rows(what: str, grads: list[torch.Tensor], calls: int) -> list[tu
 
     return [
         (f"gradient norm, eager ({what})", host_us(lambda: total_norm(grads), calls)),
-        ("  of which _foreach_norm", host_us(lambda: torch._foreach_norm(grads, 2.0), calls)),
-        ("  of which stack", host_us(lambda: torch.stack(norms), calls)),
+        # The model in each name: the JSON record is keyed by name (one pair per model).
+        (
+            f"  of which _foreach_norm ({what})",
+            host_us(lambda: torch._foreach_norm(grads, 2.0), calls),
+        ),
+        (f"  of which stack ({what})", host_us(lambda: torch.stack(norms), calls)),
         (f"gradient norm, replayed ({what})", host_us(lambda: replayed(grads), calls)),
         (f"norm + clip, eager ({what})", host_us(eager_clip, calls)),
         (
