@@ -33,10 +33,8 @@ from typing import Any
 
 import torch
 
-# step_pairs.py lives one folder up, switches_by_side.py beside this file.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# switches_by_side.py lives beside this file (and puts step_pairs.py's folder on the path).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import step_pairs
 import switches_by_side
 
 import phalanx.train.trainer as trainer_module
@@ -100,12 +98,7 @@ def main() -> None:
     if "--early" in sys.argv:
         sys.argv.remove("--early")
         ask_before_backward()
-    tally = switches_by_side.Tally()
-    step_pairs.hand_loop = tally.wrap(step_pairs.hand_loop)
-    try:
-        step_pairs.main()
-    finally:
-        tally.report()
+    switches_by_side.main()  # step_pairs.py's run, with the scheduling counts per side
 
 
 if __name__ == "__main__":
