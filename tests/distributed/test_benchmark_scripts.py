@@ -112,20 +112,20 @@ def test_fetch_before_backward_probe_runs_with_loader_workers(tmp_path: Path) ->
 
 
 # Trains the same model twice in one fresh process, the second time with the probe's patch:
-# 2 loader workers, 2 epochs (a new feed each), grad_accum=2, a data set the batches do not
-# divide (a short last step). Prints whether the weights are equal and how often the patched
+# a loader worker, 2 epochs (a new feed each), grad_accum=2, a data set the batches do not
+# divide (a short last batch). Prints whether the weights are equal and how often the patched
 # feed took a step's batches before a backward.
 _SAME_BATCHES = """
 import json, sys, torch, phalanx
 from phalanx.config import load
 sys.path.insert(0, sys.argv[1])
-data = torch.utils.data.TensorDataset(torch.randn(100, 4), torch.randn(100, 1))
+data = torch.utils.data.TensorDataset(torch.randn(44, 4), torch.randn(44, 1))
 def step(model, batch):
     x, y = batch
     return torch.nn.functional.mse_loss(model(x), y)
 def train(feeds):
     cfg = load(phalanx.TrainerConfig, overrides=["train.epochs=2", "data.batch_size=8",
-        "train.progress=false", "data.num_workers=2", "train.grad_accum=2", "track.trackers=[]"])
+        "train.progress=false", "data.num_workers=1", "train.grad_accum=2", "track.trackers=[]"])
     with phalanx.distributed(cfg.dist) as d:
         torch.manual_seed(0)
         model = torch.nn.Linear(4, 1)
