@@ -26,7 +26,7 @@ from phalanx.data import (
     make_train_loader,
 )
 from phalanx.data.loader import start_workers
-from phalanx.dist.forking import preload_forkserver, script_packages
+from phalanx.dist.forking import preload_forkserver, script_modules
 from tests.support.envtables import single_node
 
 Loader = DataLoader[tuple[torch.Tensor, ...]]
@@ -173,7 +173,7 @@ def test_workers_ignore_preemption_signals_from_birth() -> None:
     assert [bool(b) for b in loader] == [True, True]
 
 
-def test_the_fork_server_preloads_the_packages_the_script_imported(
+def test_the_fork_server_preloads_the_modules_the_script_imported(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A script's globals: a module, a function and a class imported by name, a dunder the
@@ -186,7 +186,7 @@ def test_the_fork_server_preloads_the_packages_the_script_imported(
     vars(main).update(message=email.message, dumps=json.dumps, Path=Path, count=3)
     vars(main)["__loader__"] = object()
     monkeypatch.setitem(sys.modules, "__main__", main)
-    assert script_packages() == ["email", "json", "pathlib", "phalanx", "torch"]
+    assert script_modules() == ["email.message", "json", "pathlib", "phalanx", "torch"]
 
 
 def signal_new_fork_servers(stop: threading.Event) -> None:

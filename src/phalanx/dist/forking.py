@@ -13,7 +13,7 @@ The fork server is one single-threaded process; children fork from it. It must i
 need once, or every child imports torch anew (1.7 s idle, ~5 s on a loaded 2-core machine, per
 worker and start). Python 3.11 does not preload the main script there as documented (the server
 asks for a 'main_path' key that multiprocessing.spawn never provides), so phalanx names the
-packages the script imported.
+modules the script imported.
 """
 
 from __future__ import annotations
@@ -36,9 +36,14 @@ PREEMPTION_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 module must not import: importing it makes a process a fork server)."""
 
 
-def script_packages() -> list[str]:
-    """Top-level packages the main script has imported (its modules, and the modules of the
-    classes and functions it imported by name), plus torch and phalanx."""
+def script_modules() -> list[str]:
+    """The modules the main script's names come from (its imported modules, and the modules of
+    the classes and functions it imported by name), plus torch and phalanx.
+
+    Whole dotted names, not only top-level packages: a child re-runs the script's imports to
+    unpickle what the script defines, and `from phalanx.train import unwrap` there costs the
+    import of phalanx.train and the FSDP2 and DCP modules under it (0.6 s of CPU a child, more
+    on a loaded node) unless the server imported it before forking."""
     names = {"torch", "phalanx"}
     main = sys.modules.get("__main__")
     for name, value in vars(main).items() if main is not None else ():
@@ -48,13 +53,13 @@ def script_packages() -> list[str]:
             value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", "")
         )
         if isinstance(module, str) and module and not module.startswith("__"):
-            names.add(module.split(".")[0])
+            names.add(module)
     return sorted(name for name in names - {"builtins"} if name in sys.modules)
 
 
 def preload_forkserver() -> None:
     """Have the fork server import the script's packages once (no effect once it runs)."""
-    preload = ["__main__", *script_packages(), "phalanx.dist.forkserver_child"]
+    preload = ["__main__", *script_modules(), "phalanx.dist.forkserver_child"]
     multiprocessing.set_forkserver_preload(preload)
 
 
