@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import resource
 import statistics
@@ -47,6 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from horovod_models import ModelFactory, model_factory
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -56,7 +56,6 @@ from phalanx.config import load
 from phalanx.train.strategy import ddp_buffer_sync  # the keyword this torch has, no warning
 
 RESULTS = Path(__file__).parent / "results"
-ModelFactory = Callable[[], nn.Module]
 SIDES = ("shim", "hand_ddp", "ddp", "ddp_log", "ddp_sync")
 """hand_ddp: a hand loop on torch's DDP; ddp: the Trainer, buffers per rank, as Horovod;
 ddp_log: the same, logging every --warmup steps inside the timed window (what logging costs);
@@ -68,50 +67,6 @@ TRAINER_SIDES = {
     "ddp_log": ["train.ddp_broadcast_buffers=false"],
     "ddp_sync": ["train.ddp_broadcast_buffers=true"],
 }
-
-
-class SmallNet(nn.Module):
-    """examples/horovod/synthetic_benchmark.py's model without torchvision."""
-
-    def __init__(self, num_classes: int = 1000) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.fc = nn.Linear(32 * 8 * 8, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc(torch.flatten(x, 1))  # type: ignore[no-any-return]
-
-
-class LinearNet(nn.Module):
-    """One linear layer on 2x2 images (two parameters): a step with almost no model work, so
-    the sides differ by their loops' own host work alone (`--model linear`, on any CPU)."""
-
-    def __init__(self, num_classes: int = 1000) -> None:
-        super().__init__()
-        self.fc = nn.Linear(3 * 2 * 2, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(x, 1))  # type: ignore[no-any-return]
-
-
-def model_factory(name: str | None) -> tuple[str, ModelFactory, int]:
-    """(name, constructor, image size), with the example's choice of default."""
-    try:  # optional, as in the example; imported by name so that type checks need no stubs
-        models: Any = importlib.import_module("torchvision.models")
-    except ImportError:
-        models = None
-    if name is None:
-        name = "resnet18" if models is not None else "small"
-    if name == "small":
-        return name, SmallNet, 32
-    if name == "linear":
-        return name, LinearNet, 2
-    if models is None:
-        raise SystemExit(f"--model {name} needs torchvision (pip install torchvision)")
-    return name, getattr(models, name), 224
 
 
 class Batch:

@@ -34,6 +34,7 @@ from typing import Any
 
 import horovod_vs_ddp as bench  # the same sides, models and timing
 import torch
+from horovod_models import model_factory
 
 import phalanx
 import phalanx.horovod as hvd
@@ -156,7 +157,7 @@ def main() -> None:
     args = parse()
     with phalanx.distributed(phalanx.DistConfig()) as d:
         hvd.init()  # horovod_vs_ddp's timing all-reduce uses the shim's CPU group
-        name, build, image = bench.model_factory(args.model)
+        name, build, image = model_factory(args.model)
         batch = bench.Batch(args.batch_size, image, d.device, d.env.rank)
         parts = (build, batch, str(Path(tempfile.gettempdir()) / "phalanx-trainer-ablation"))
         chosen: list[str] = args.variants

@@ -81,17 +81,22 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _spent[layer] += report.duration
 
 
+def _host_factor(terminalreporter: pytest.TerminalReporter) -> float:
+    """1, or this machine's slowdown once a layer is over its budget (only then: measuring
+    costs ~5-15 s, after the tests ended, so they do not disturb it)."""
+    if all(spent <= LAYER_BUDGET_S[layer] for layer, spent in _spent.items()):
+        return 1.0
+    seconds = host_speed.reference_seconds(reps=5)
+    factor = host_speed.slowdown(seconds)
+    terminalreporter.write_line(
+        f"host speed: the reference took {seconds:.2f} s (budgets set at "
+        f"{host_speed.REFERENCE_S:.2f} s): budgets x{factor:.2f}"
+    )
+    return factor
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    over = [layer for layer, spent in _spent.items() if spent > LAYER_BUDGET_S[layer]]
-    factor = 1.0
-    if over:
-        # Only a layer over its budget pays for the measurement (~5-15 s, once the tests ended).
-        seconds = host_speed.reference_seconds(reps=5)
-        factor = host_speed.slowdown(seconds)
-        terminalreporter.write_line(
-            f"host speed: the reference took {seconds:.2f} s (budgets set at "
-            f"{host_speed.REFERENCE_S:.2f} s): budgets x{factor:.2f}"
-        )
+    factor = _host_factor(terminalreporter)
     over = []
     for layer, spent in sorted(_spent.items()):
         budget = LAYER_BUDGET_S[layer] * factor

@@ -58,7 +58,7 @@ def script_modules() -> list[str]:
 
 
 def preload_forkserver() -> None:
-    """Have the fork server import the script's packages once (no effect once it runs)."""
+    """Have the fork server import the script's modules once (no effect once it runs)."""
     preload = ["__main__", *script_modules(), "phalanx.dist.forkserver_child"]
     multiprocessing.set_forkserver_preload(preload)
 
