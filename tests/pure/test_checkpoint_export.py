@@ -12,7 +12,8 @@ from torch import nn
 
 from phalanx.checkpoint import CheckpointStore
 from phalanx.checkpoint.export import export_weights
-from phalanx.checkpoint.sharded import save_sharded, sharded_dir
+from phalanx.checkpoint.sharded import save_sharded
+from phalanx.checkpoint.sharded_layout import sharded_dir
 from phalanx.errors import UsageError
 from tests.support.procs import VENV_BIN, base_env, run
 

@@ -11,12 +11,8 @@ from torch import nn
 
 from phalanx.checkpoint import CheckpointStore
 from phalanx.checkpoint.async_saver import AsyncSaver
-from phalanx.checkpoint.sharded import (
-    find_sharded,
-    load_sharded,
-    save_sharded,
-    sharded_dir,
-)
+from phalanx.checkpoint.sharded import load_sharded, save_sharded
+from phalanx.checkpoint.sharded_layout import find_sharded, sharded_dir
 from phalanx.errors import UsageError
 
 # DCP says so on every call without a process group; here that is the point.

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from phalanx.checkpoint import CheckpointStore
 from phalanx.checkpoint.async_saver import AsyncSaver
 from phalanx.checkpoint.sharded import SaveHandle, load_sharded, save_sharded
-from phalanx.checkpoint.sharded import sharded_dir as step_sharded_dir
+from phalanx.checkpoint.sharded_layout import sharded_dir as step_sharded_dir
 from phalanx.dist import DistConfig, barrier, init_group, shutdown
 
 DIM, HIDDEN = 8, 256

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    # Loaded on first use: it pulls in torch.distributed.checkpoint, which the storage users
-    # (phalanx export, the store's tests) do not need.
+    # Loaded on first use: it pulls in the process-group and preemption code, which the storage
+    # users (phalanx export, the store's tests) do not need.
     if name == "Checkpointer":
         return importlib.import_module("phalanx.checkpoint.checkpointer").Checkpointer
     raise AttributeError(f"module 'phalanx.checkpoint' has no attribute {name!r}")

@@ -20,27 +20,26 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from torch import nn
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.fsdp import FSDPModule
 from torch.optim import Optimizer
 
 from phalanx.checkpoint import files
-from phalanx.checkpoint.async_saver import AsyncSaver
 from phalanx.checkpoint.position import TrainState
 from phalanx.checkpoint.resume import Restorable, load_checkpoint, resume_source
 from phalanx.checkpoint.rng import capture_rng
-from phalanx.checkpoint.sharded import save_sharded, sharded_dir
 from phalanx.checkpoint.stop import interrupted
 from phalanx.checkpoint.store import CheckpointStore
 from phalanx.config.training import CheckpointConfig
 from phalanx.dist.collectives import all_gather_object, barrier
+from phalanx.dist.sharded_types import dcp_errors, is_fsdp_module
 from phalanx.env import ClusterEnv
 from phalanx.errors import UsageError, first_line
 from phalanx.lifecycle.preemption import PreemptionWatcher
+
+if TYPE_CHECKING:
+    from phalanx.checkpoint.async_saver import AsyncSaver
 
 log = logging.getLogger("phalanx.checkpoint")
 
@@ -50,7 +49,9 @@ Records = dict[str, files.FileRecord]
 def module_state_dict(module: nn.Module) -> dict[str, Any]:
     """`module`'s state dict; an FSDP2-sharded one gathered whole to CPU on rank 0 (empty on the
     others): a collective then, so every rank must call it."""
-    if isinstance(module, FSDPModule):
+    if is_fsdp_module(module):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(module, options=options)
     return module.state_dict()
@@ -154,7 +155,7 @@ class Checkpointer:
                 handle = self._saver.last
                 self._saver.wait()
                 records.update(handle.records if handle is not None else {})
-            except (OSError, RuntimeError, CheckpointException) as failed:
+            except dcp_errors(OSError, RuntimeError) as failed:
                 error = self._rank_error(failed)
         return self._agree_and_commit(step, meta, error, records)
 
@@ -204,12 +205,17 @@ class Checkpointer:
                     optimizer = live.optimizer.state_dict()
                     records["optimizer.pt"] = store.write(step, "optimizer.pt", optimizer)
                 records["trainer.pt"] = store.write(step, "trainer.pt", self._payload(state))
-        except (UsageError, OSError, CheckpointException) as error:
+        except dcp_errors(UsageError, OSError) as error:
             return self._rank_error(error), records
         return None, records
 
     def _save_sharded(self, store: CheckpointStore, step: int) -> Records:
-        # Every rank writes its part (DDP replicas once, FSDP shards each).
+        # Every rank writes its part (DDP replicas once, FSDP shards each). DCP is imported here,
+        # where a run first writes shards (phalanx.dist.sharded_types).
+        from phalanx.checkpoint.async_saver import AsyncSaver
+        from phalanx.checkpoint.sharded import save_sharded
+        from phalanx.checkpoint.sharded_layout import sharded_dir
+
         state = {"model": self._live.model, "optimizer": self._live.optimizer}
         if not self._config.async_save:
             return save_sharded(sharded_dir(store, step), state).records

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from phalanx.checkpoint import files
-from phalanx.checkpoint.sharded import find_sharded
+from phalanx.checkpoint.sharded_layout import find_sharded
 from phalanx.errors import UsageError
 
 MODEL_FILE = "model.pt"

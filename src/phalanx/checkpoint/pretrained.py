@@ -21,9 +21,8 @@ from typing import Any, Literal, Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from phalanx.dist.sharded_types import is_dtensor
 from phalanx.errors import UsageError
 
 Read = Literal["slices", "broadcast"]
@@ -200,7 +199,9 @@ def _fill(target: torch.Tensor, name: str, source: WeightFile, broadcast: bool) 
 
 def _local_part(target: torch.Tensor) -> tuple[torch.Tensor, Index]:
     """This rank's storage of `target` and the slice of the whole tensor it holds."""
-    if isinstance(target, DTensor):
+    if is_dtensor(target):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
         shape, offset = compute_local_shape_and_global_offset(
             target.shape, target.device_mesh, target.placements
         )

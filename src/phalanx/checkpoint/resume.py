@@ -18,7 +18,7 @@ from torch.optim import Optimizer
 
 from phalanx.checkpoint.position import TrainState
 from phalanx.checkpoint.rng import restore_rng
-from phalanx.checkpoint.sharded import find_sharded, load_sharded
+from phalanx.checkpoint.sharded_layout import find_sharded
 from phalanx.checkpoint.store import CheckpointStore
 from phalanx.checkpoint.verify import newest_verified, verified
 from phalanx.env import ClusterEnv
@@ -72,6 +72,8 @@ def load_checkpoint(
 ) -> TrainState:  # fmt: skip
     """Load committed `step` into `into` (collective for sharded checkpoints); its position."""
     if find_sharded(store.step_dir(step)) is not None:  # collective; reshards to this world
+        from phalanx.checkpoint.sharded import load_sharded  # DCP, only for a sharded checkpoint
+
         load_sharded(store.step_dir(step), into.model, into.optimizer)
     else:
         into.model.load_state_dict(store.read(step, "model.pt"))

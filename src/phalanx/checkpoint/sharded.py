@@ -59,29 +59,12 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
 
 from phalanx.checkpoint import files
-from phalanx.checkpoint.store import CheckpointStore
+from phalanx.checkpoint.sharded_layout import DCP_METADATA, SHARDED_DIR, find_sharded
 from phalanx.errors import UsageError, first_line
 
 log = logging.getLogger("phalanx.checkpoint")
 
-SHARDED_DIR = "sharded"
-"""Sub-directory of a step directory that holds the DCP files."""
-DCP_METADATA = ".metadata"
-"""DCP's index file (pickled), written last by DCP's coordinator rank."""
 STATE_KEYS = ("model", "optimizer")
-
-
-def sharded_dir(store: CheckpointStore, step: int) -> Path:
-    """Where `save_sharded` writes for `step`: inside the store's partial directory."""
-    return store.partial_dir(step) / SHARDED_DIR
-
-
-def find_sharded(path: Path) -> Path | None:
-    """The DCP directory of `path` (a step directory or the DCP directory itself), or None."""
-    for candidate in (path / SHARDED_DIR, path):
-        if (candidate / DCP_METADATA).is_file():
-            return candidate
-    return None
 
 
 class SaveHandle:

@@ -41,9 +41,8 @@ def script_modules() -> list[str]:
     the classes and functions it imported by name), plus torch and phalanx.
 
     Whole dotted names, not only top-level packages: a child re-runs the script's imports to
-    unpickle what the script defines, and `from phalanx.train import unwrap` there costs the
-    import of phalanx.train and the FSDP2 and DCP modules under it (0.6 s of CPU a child, more
-    on a loaded node) unless the server imported it before forking."""
+    unpickle what the script defines, and `from mylib.models import Net` there costs each child
+    that module's import (seconds for a model library's) unless the server imported it first."""
     names = {"torch", "phalanx"}
     main = sys.modules.get("__main__")
     for name, value in vars(main).items() if main is not None else ():

@@ -20,13 +20,14 @@ What phalanx decides for the user, and why:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
+from phalanx.dist.sharded_types import is_dtensor, is_fsdp_module
 from phalanx.errors import UsageError
 from phalanx.train.meta_init import (
     InitFn,
@@ -36,6 +37,11 @@ from phalanx.train.meta_init import (
     materialize,
     seeded,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+
+# torch's FSDP2 modules are imported where a model is sharded (phalanx.dist.sharded_types).
 
 
 def shard_units(model: nn.Module, unit_names: tuple[str, ...]) -> list[nn.Module]:
@@ -108,6 +114,8 @@ def shard_model(
     `model` must already be on the rank's device, on every rank. `mesh`: None shards over all
     ranks; a 2-D ("replicate", "shard") mesh is HSDP (phalanx.train.hsdp).
     """
+    from torch.distributed.fsdp import fully_shard
+
     policy = _policy(precision)
     _check_plain(model)
     units = shard_units(model, unit_names)
@@ -141,6 +149,8 @@ def shard_new_model(
     init on CPU; where it does (CUDA), it syncs rank 0's generator and takes over); under HSDP
     from seed + the rank's place in its shard group, so that the replicas of a shard agree.
     """
+    from torch.distributed.fsdp import fully_shard
+
     policy = _policy(precision)
     _check_plain(model)
     units = shard_units(model, unit_names)
@@ -166,6 +176,8 @@ def shard_new_model(
 
 
 def _policy(precision: str) -> MixedPrecisionPolicy:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     if precision not in ("fp32", "bf16"):
         raise UsageError(f"precision={precision!r} with FSDP: use fp32 or bf16")
     return MixedPrecisionPolicy(
@@ -175,7 +187,7 @@ def _policy(precision: str) -> MixedPrecisionPolicy:
 
 
 def _check_plain(model: nn.Module) -> None:
-    if any(isinstance(m, FSDPModule) for m in model.modules()):
+    if any(is_sharded(m) for m in model.modules()):
         raise UsageError(
             "the model was already sharded with fully_shard; pass the plain model and let "
             "train.strategy=fsdp shard it (train.fsdp_units chooses the units)"
@@ -183,22 +195,24 @@ def _check_plain(model: nn.Module) -> None:
 
 
 def _shard_root(model: nn.Module, policy: MixedPrecisionPolicy, mesh: DeviceMesh | None) -> None:
+    from torch.distributed.fsdp import fully_shard
+
     # The root's parameters are needed again right after forward (by backward): keep them.
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
 
 
 def is_sharded(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
+    return is_fsdp_module(model)
 
 
 def reshard_all(model: nn.Module) -> None:
     """Free every gathered parameter. A forward without backward (evaluation) leaves the root's
     parameters gathered (it does not reshard after forward); saves and memory want shards."""
     for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
+        if is_fsdp_module(module):
+            cast("FSDPModule", module).reshard()
 
 
 def full_norm(norm: torch.Tensor) -> torch.Tensor:
     """The global gradient norm as a plain tensor (sharded gradients give a partial DTensor)."""
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    return norm.full_tensor() if is_dtensor(norm) else norm
