@@ -71,7 +71,7 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
     """False once the process is gone or a zombie (dead, only waiting for its parent's wait)."""
     try:
         stat = (_PROC / str(pid) / "stat").read_text()
@@ -87,6 +87,6 @@ def kill_and_wait(pids: list[int], *, timeout: float = 10.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
-    while (alive := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+    while (alive := [pid for pid in pids if is_alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.05)  # polling a condition with a deadline, not waiting for an event
     assert not alive, f"processes {alive} survived SIGKILL for {timeout}s"

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support.procs import base_env, python_stacks, run
-from tests.support.reap import alive
+from tests.support.reap import is_alive
 
 RUNS_DIR = Path(tempfile.gettempdir()) / "phalanx-slurm"
 MUNGE_DIR = Path("/run/munge")
@@ -134,15 +134,15 @@ def stop_pid(pid: int, *, grace_s: float = 5.0) -> None:
         except ProcessLookupError:
             return
         deadline = time.monotonic() + wait_s
-        while alive(pid) and time.monotonic() < deadline:
+        while is_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if not alive(pid):
+        if not is_alive(pid):
             return
 
 
 def _owner_alive(run_dir: Path) -> bool:
     owner = _read_pid(run_dir / "owner.pid")
-    return owner is not None and alive(owner)
+    return owner is not None and is_alive(owner)
 
 
 def _other_live_runs(state: Path) -> bool:
@@ -244,7 +244,7 @@ class SlurmCluster:
         """Idle nodes could be another cluster's answering on our ports: ours must be running."""
         for pid_file in ("slurmctld.pid", *(f"slurmd-{n}.pid" for n in self.node_names)):
             pid = _read_pid(self.state / pid_file)
-            if pid is None or not (alive(pid) and _is_daemon(pid)):
+            if pid is None or not (is_alive(pid) and _is_daemon(pid)):
                 raise RuntimeError(f"{pid_file}: daemon not running (port taken?)\n{self.logs()}")
 
     def _start_munge(self, deadline: float) -> None:
@@ -288,7 +288,7 @@ class SlurmCluster:
     def stop(self) -> None:
         """Cancel leftover jobs, then stop exactly the daemons this cluster started."""
         ctld = _read_pid(self.state / "slurmctld.pid")
-        if ctld is not None and alive(ctld) and _is_daemon(ctld):
+        if ctld is not None and is_alive(ctld) and _is_daemon(ctld):
             self._cancel_all()
         for name in self.node_names:
             pid = _read_pid(self.state / f"slurmd-{name}.pid")
