@@ -25,10 +25,12 @@ from tests.support import host_speed
 # ~1,100 s run alone), so these sums are about twice the wall time. The cluster layer runs
 # alone (417-622 s measured); the whole CI run took 1,288 s (session 13; 1,729-1,788 before).
 # Session 20, on a host of normal speed: dist had grown to 1,953 s (1,022 s wall), over budget;
-# cheaper worker and script starts brought it to 1,820 s (949 s wall), cluster 550-565 s.
+# cheaper worker and script starts brought it to 1,820-1,868 s (949-974 s wall), cluster
+# 478-574 s, the whole run 1,619-1,702 s. dist's budget is now derived from CI's 30 minutes: set-up
+# ~150 s + cluster ~600 s leave ~1,050 s of wall for pure and dist, ~2,050 s of their test time.
 # The budgets leave room for a loaded machine without hiding a test that suddenly takes minutes.
 # On a slower machine they grow by its measured slowdown (tests/support/host_speed.py, up to 4x).
-LAYER_BUDGET_S = {"pure": 120.0, "dist": 1900.0, "cluster": 750.0, "gpu": 600.0}
+LAYER_BUDGET_S = {"pure": 120.0, "dist": 2000.0, "cluster": 750.0, "gpu": 600.0}
 _spent: dict[str, float] = defaultdict(float)
 
 
