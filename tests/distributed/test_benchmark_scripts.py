@@ -152,3 +152,44 @@ def test_fetch_before_backward_keeps_the_batches_and_their_order(tmp_path: Path)
     assert steps == plain_steps > 2
     # One feed an epoch; every step's first backward took the next step's batches.
     assert len(record["early"]) == 2 and sum(record["early"]) == steps, record
+
+
+# A stand-in for peer_step.py (CI has no ../shared): the names mfu_settings.py reads from it.
+_REFERENCE = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+B, T, V, L, H, D = 2, 16, 64, 1, 2, 16
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok, self.qkv = nn.Embedding(V, D), nn.Linear(D, 3 * D)
+        self.head = nn.Linear(D, V, bias=False)
+
+    def forward(self, idx, targets):
+        b, t = idx.shape
+        q, k, v = self.qkv(self.tok(idx)).split(D, dim=2)
+        q, k, v = (z.view(b, t, H, D // H).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+        return F.cross_entropy(self.head(y.reshape(b, t, D)).view(-1, V), targets.view(-1))
+"""
+
+
+@pytest.mark.timeout(150)
+def test_mfu_settings_compiles_each_attention_setting_anew(tmp_path: Path) -> None:
+    ref, out = tmp_path / "reference.py", tmp_path / "mfu.json"
+    ref.write_text(_REFERENCE)
+    cmd = [sys.executable, str(BENCH / "probes" / "mfu_settings.py"), "--ref", str(ref),
+           "--settings", "default,cudnn", "--rounds", "2", "--window", "1",
+           "--out", str(out)]  # fmt: skip
+    result = run(cmd, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(out.read_text())["settings"]
+    assert all(len(rows[s]["times_ms"]) == 2 for s in ("default", "cudnn"))
+    # On a CPU the `cudnn` setting takes the math attention, whose sums differ from the default
+    # kernel's in the last bits: equal losses would mean Dynamo ran the default's compiled code
+    # (session 21's GPU run did, before the backend moved inside the compiled code).
+    assert rows["cudnn"]["loss_after"] != rows["default"]["loss_after"]
