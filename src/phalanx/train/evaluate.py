@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from phalanx.dist.sharded_types import is_fsdp_module
 from phalanx.errors import UsageError
-from phalanx.train.fsdp import is_sharded, reshard_all
+from phalanx.train.fsdp import reshard_all
 from phalanx.train.metrics import Metrics
 from phalanx.train.precision import Precision
 from phalanx.train.step import to_device
@@ -85,7 +86,7 @@ def _schedule(
 def lockstep_steps(model: nn.Module, loader: Any, world_size: int) -> int | None:
     """For a sharded model, the forward count every rank runs over `loader` (a make_eval_loader
     loader); None when ranks may stop independently."""
-    if not is_sharded(unwrap(model)):
+    if not is_fsdp_module(unwrap(model)):
         return None
     sampler = loader.sampler
     if sampler.dataset_len < world_size:

@@ -187,7 +187,7 @@ def _policy(precision: str) -> MixedPrecisionPolicy:
 
 
 def _check_plain(model: nn.Module) -> None:
-    if any(is_sharded(m) for m in model.modules()):
+    if any(is_fsdp_module(m) for m in model.modules()):
         raise UsageError(
             "the model was already sharded with fully_shard; pass the plain model and let "
             "train.strategy=fsdp shard it (train.fsdp_units chooses the units)"
@@ -199,10 +199,6 @@ def _shard_root(model: nn.Module, policy: MixedPrecisionPolicy, mesh: DeviceMesh
 
     # The root's parameters are needed again right after forward (by backward): keep them.
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
-
-
-def is_sharded(model: nn.Module) -> bool:
-    return is_fsdp_module(model)
 
 
 def reshard_all(model: nn.Module) -> None:

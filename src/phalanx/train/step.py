@@ -14,8 +14,9 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
+from phalanx.dist.sharded_types import is_fsdp_module
 from phalanx.errors import UsageError
-from phalanx.train.fsdp import full_norm, is_sharded
+from phalanx.train.fsdp import full_norm
 from phalanx.train.grad_norm import GradNorm
 from phalanx.train.guard import NanGuard, masked_step
 from phalanx.train.metrics import Metrics
@@ -134,7 +135,7 @@ def _gradients_carry_the_verdict(parts: StepParts) -> bool:
     guard = parts.guard
     if guard.world_size < 2 or parts.precision.scaler is not None or not guard.masks_update:
         return False
-    return ddp_module(parts.model) is not None or is_sharded(unwrap(parts.model))
+    return ddp_module(parts.model) is not None or is_fsdp_module(unwrap(parts.model))
 
 
 def _maybe_no_sync(
@@ -150,7 +151,7 @@ def _maybe_no_sync(
     if ddp is not None:
         return contextlib.nullcontext() if last else ddp.no_sync()
     root = unwrap(parts.model)
-    if count > 1 and is_sharded(root) and not parts.fsdp_reduce_every_micro_batch:
+    if count > 1 and is_fsdp_module(root) and not parts.fsdp_reduce_every_micro_batch:
         root.set_requires_gradient_sync(last)  # type: ignore[operator]
     return contextlib.nullcontext()
 

@@ -14,7 +14,7 @@ import contextlib
 import inspect
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -39,6 +39,9 @@ from phalanx.train.meta_init import (
     materialize,
     seeded,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 def resolve_strategy(requested: str, world_size: int) -> str:
@@ -113,28 +116,46 @@ def wrap_model(
         mesh = hsdp_mesh(handle.env, hsdp_shard_size, handle.device) if chosen == "hsdp" else None
         if compile:  # per unit, before sharding (phalanx.train.compiling)
             compile_units(model, fsdp_units, compile_mode)
-        if fresh:
-            return shard_new_model(
-                model, device=handle.device, unit_names=fsdp_units, precision=precision,
-                reshard=fsdp_reshard, init_weights=init_weights, seed=seed, rank=handle.env.rank,
-                mesh=mesh,
-            )  # fmt: skip
-        return shard_model(
-            model.to(handle.device), unit_names=fsdp_units, precision=precision,
-            reshard=fsdp_reshard, mesh=mesh,
+        return _shard(
+            model, handle, fresh=fresh, mesh=mesh, unit_names=fsdp_units, precision=precision,
+            reshard=fsdp_reshard, init_weights=init_weights, seed=seed,
         )  # fmt: skip
     if fresh:
         _materialize_whole(model, handle.device, init_weights, seed)
     model = model.to(handle.device)
-    wrapped: nn.Module = model
     if chosen == "ddp":
-        device_ids = [handle.device.index] if handle.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(
-            model, device_ids=device_ids, gradient_as_bucket_view=True,
-            static_graph=static_graph, bucket_cap_mb=bucket_mb,
-            **ddp_buffer_sync(broadcast_buffers),
+        model = _ddp(model, handle.device, static_graph, bucket_mb, broadcast_buffers)
+    return _maybe_compile(model, compile, compile_mode)
+
+
+def _shard(
+    model: nn.Module, handle: Dist, *, fresh: bool, mesh: DeviceMesh | None,
+    unit_names: tuple[str, ...], precision: str, reshard: bool, init_weights: InitFn | None,
+    seed: int,
+) -> nn.Module:  # fmt: skip
+    """FSDP2 (or HSDP on `mesh`): a factory's model gets storage shard by shard, an instance is
+    moved to the device and sharded."""
+    if fresh:
+        return shard_new_model(
+            model, device=handle.device, unit_names=unit_names, precision=precision,
+            reshard=reshard, init_weights=init_weights, seed=seed, rank=handle.env.rank, mesh=mesh,
         )  # fmt: skip
-    return _maybe_compile(wrapped, compile, compile_mode)
+    return shard_model(
+        model.to(handle.device), unit_names=unit_names, precision=precision, reshard=reshard,
+        mesh=mesh,
+    )  # fmt: skip
+
+
+def _ddp(
+    model: nn.Module, device: torch.device, static_graph: bool, bucket_mb: float, buffers: bool
+) -> DistributedDataParallel:
+    """DDP with gradients as views of its buckets (no copy per step; stable addresses for the
+    gradient norm's CUDA graph, phalanx.train.grad_norm)."""
+    return DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None,
+        gradient_as_bucket_view=True, static_graph=static_graph, bucket_cap_mb=bucket_mb,
+        **ddp_buffer_sync(buffers),
+    )  # fmt: skip
 
 
 def _built(
