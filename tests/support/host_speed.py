@@ -2,10 +2,10 @@
 
 The layer budgets in `tests/conftest.py` are seconds measured on a CI machine of normal speed.
 CI machines of the same kind have run the same suite up to ~2.8x slower (1,276 s vs 3,561 s for
-a whole CI run, no test slower than the others), which turned a green suite red by the clock
-alone. The budgets exist to catch the *suite* growing, so they are scaled by the machine's speed
-at the suite's own kind of work: two Python processes at once (the two pytest workers, or two
-ranks), each importing torch and doing small CPU work.
+a whole CI run, the time spread over the suite, not one slow test), which turned a green suite
+red by the clock alone. The budgets exist to catch the *suite* growing, so they are scaled by
+the machine's speed at the suite's own kind of work: two Python processes at once (the two
+pytest workers, or two ranks), each importing torch and doing small CPU work.
 """
 
 from __future__ import annotations
