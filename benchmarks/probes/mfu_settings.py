@@ -16,8 +16,10 @@ the model:
 - `cudnn+coord`: both.
 
 Prints each setting's median step, spread, MFU by the reference's own count against 989 TFLOP/s,
-the GPU's kernel time a step (torch.profiler, 3 steps) and the loss after the run (the same
-data and weights: a setting that changes the numerics shows here); writes JSON with `--out`.
+the GPU's kernel time a step (torch.profiler, 3 steps), the graphs Dynamo compiled for it (0:
+it ran code compiled for another setting) and the loss after the run (the same data and
+weights; only a coarse check on a GPU, where two runs of the same code differ in the last
+bits); writes JSON with `--out`.
 `--tiny` runs a small model on any device (a smoke check of the script, nothing timed).
 """
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.util
+import itertools
 import json
 import statistics
 import sys
@@ -80,7 +83,7 @@ def make_step(ref: ModuleType, base: torch.nn.Module, setting: str, data: list[A
         wrapped = WithAttention(model, SDPBackend.MATH if cpu else SDPBackend.CUDNN_ATTENTION)
     compiled = torch.compile(wrapped, options=options, fullgraph=True)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=model.head.weight.is_cuda)
-    batches: Iterator[Any] = iter(data * 10**6)
+    batches: Iterator[Any] = itertools.cycle(data)
     device_type = model.head.weight.device.type
 
     def step() -> torch.Tensor:
@@ -147,19 +150,36 @@ def main() -> None:
     for _ in range(8):
         x = torch.randint(0, ref.V, (ref.B, ref.T + 1), generator=gen)
         data.append((x[:, :-1].contiguous().to(device), x[:, 1:].contiguous().to(device)))
-    steps, times, started = {}, {s: [] for s in settings}, time.perf_counter()
-    for s in settings:  # compile and warm each, 10 steps as the reference does
-        steps[s] = make_step(ref, base, s, data)
-        window(steps[s], 10, device)
-        print(f"{s}: compiled and warm at {time.perf_counter() - started:.0f} s", flush=True)
+    steps, graphs = build(ref, base, settings, data, device)
+    times: dict[str, list[float]] = {s: [] for s in settings}
     for r in range(args.rounds):
         for s in settings[r % len(settings) :] + settings[: r % len(settings)]:
             times[s].append(window(steps[s], args.window, device))
-    report(args, ref, device, settings, steps, times)
+    report(args, ref, device, settings, steps, times, graphs)
+
+
+def build(
+    ref: ModuleType, base: torch.nn.Module, settings: list[str], data: list[Any],
+    device: torch.device,
+) -> tuple[dict[str, Any], dict[str, int]]:  # fmt: skip
+    """Each setting's step, compiled and warm (10 steps, as the reference does), and how many
+    graphs Dynamo compiled for it: none means it reused another setting's code."""
+    from torch._dynamo.utils import counters
+
+    steps, graphs, started = {}, {}, time.perf_counter()
+    for s in settings:
+        before = counters["stats"]["unique_graphs"]
+        steps[s] = make_step(ref, base, s, data)
+        window(steps[s], 10, device)
+        graphs[s] = counters["stats"]["unique_graphs"] - before
+        print(f"{s}: {graphs[s]} graph(s) compiled, warm at {time.perf_counter() - started:.0f} s",
+              flush=True)  # fmt: skip
+    return steps, graphs
 
 
 def report(args: argparse.Namespace, ref: ModuleType, device: torch.device, settings: list[str],
-           steps: dict[str, Any], times: dict[str, list[float]]) -> None:  # fmt: skip
+           steps: dict[str, Any], times: dict[str, list[float]],
+           graphs: dict[str, int]) -> None:  # fmt: skip
     flops = ref.B * ref.T * (6 * 124e6 + 12 * ref.L * ref.T * ref.D)  # peer_step's own count
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"1 x {name}, torch {torch.__version__}, {args.rounds} rounds of {args.window} steps")
@@ -171,7 +191,7 @@ def report(args: argparse.Namespace, ref: ModuleType, device: torch.device, sett
         loss = float(steps[s]())
         mfu = flops / (med / 1e3) / 989e12
         rows[s] = {"median_ms": med, "times_ms": times[s], "mfu": mfu, "kernel_ms": kernels,
-                   "loss_after": loss}  # fmt: skip
+                   "loss_after": loss, "graphs_compiled": graphs[s]}  # fmt: skip
         k = f"{kernels:.2f}" if kernels is not None else "-"
         print(f"{s:<13}{med:>10.2f}{min(times[s]):>8.2f}..{max(times[s]):<6.2f}{mfu:>7.1%}"
               f"{k:>11}{loss:>8.4f}")  # fmt: skip

@@ -189,7 +189,6 @@ def test_mfu_settings_compiles_each_attention_setting_anew(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads(out.read_text())["settings"]
     assert all(len(rows[s]["times_ms"]) == 2 for s in ("default", "cudnn"))
-    # On a CPU the `cudnn` setting takes the math attention, whose sums differ from the default
-    # kernel's in the last bits: equal losses would mean Dynamo ran the default's compiled code
-    # (session 21's GPU run did, before the backend moved inside the compiled code).
-    assert rows["cudnn"]["loss_after"] != rows["default"]["loss_after"]
+    # Dynamo compiled the `cudnn` setting's own graph: session 21's GPU run, with the backend
+    # chosen around the call, ran the default's compiled code instead (0 graphs).
+    assert rows["default"]["graphs_compiled"] >= 1 and rows["cudnn"]["graphs_compiled"] >= 1, rows
