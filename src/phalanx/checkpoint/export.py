@@ -49,6 +49,9 @@ def export_weights(
     the number of tensors written."""
     if format not in ("torch", "safetensors"):
         raise UsageError(f"export format {format!r} is not one of: torch, safetensors")
+    out = Path(out)
+    check_apart(Path(checkpoint), out, hf_config)
+    out = out.resolve()  # `.` has no name to build the temporary one from
     if format == "torch":
         _check_out(Path(out))  # before reading what may be gigabytes
         source = _locate(Path(checkpoint))
@@ -192,6 +195,22 @@ def _load_sharded(
     except (CheckpointException, RuntimeError, OSError) as error:
         raise UsageError(f"cannot read sharded checkpoint '{path}' ({error})") from error
     return template
+
+
+def check_apart(checkpoint: Path, out: Path, hf_config: Path | None = None) -> None:
+    """Refuse an output that would replace or write into what is being read: the run or
+    checkpoint directory, a step directory (its checksums would no longer match), or the
+    Hugging Face config directory (a safetensors export replaces its output directory whole)."""
+    dst = out.resolve()
+    for what, source in (("the checkpoint", checkpoint), ("--hf-config", hf_config)):
+        if source is not None and (dst == source.resolve() or source.resolve().is_relative_to(dst)):
+            raise UsageError(f"output '{out}' holds {what} '{source}'; pass an output outside it")
+    for folder in dst.parents:
+        if _STEP_DIR.fullmatch(folder.name) and (folder / files.META_FILE).is_file():
+            raise UsageError(
+                f"output '{out}' is inside checkpoint '{folder}', whose files are checksummed; "
+                "pass an output outside it"
+            )
 
 
 def _check_out(out: Path) -> None:

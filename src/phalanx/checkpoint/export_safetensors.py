@@ -29,6 +29,7 @@ from phalanx.errors import UsageError
 
 SINGLE_FILE = "model.safetensors"
 CONFIG_FILES = ("config.json", "generation_config.json")
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
 
 class Weights(Protocol):
@@ -44,11 +45,21 @@ def check_out_dir(out: Path, hf_config: Path | None) -> None:
         raise UsageError(f"output '{out}' is a file; safetensors go into a directory: pass one")
     if not out.parent.is_dir():
         raise UsageError(f"output folder '{out.parent}' does not exist; create it first")
+    if out.is_dir() and not all(_exported(entry.name) for entry in out.iterdir()):
+        # The export replaces `out` whole: only an earlier export may be replaced.
+        raise UsageError(
+            f"output '{out}' is a directory with files no export writes; pass a new or empty "
+            "directory, or an earlier export to replace"
+        )
     if hf_config is not None and not (hf_config / "config.json").is_file():
         raise UsageError(
             f"--hf-config '{hf_config}' has no config.json; pass the directory a Hugging Face "
             "model was saved to (save_pretrained or config.save_pretrained)"
         )
+
+
+def _exported(name: str) -> bool:
+    return name in (SINGLE_FILE, SAFETENSORS_INDEX, *CONFIG_FILES) or bool(_SHARD.fullmatch(name))
 
 
 def plan_shards(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]:
