@@ -195,6 +195,8 @@ def _probe_data_usage(args: argparse.Namespace) -> str:
     # `not x > 0` refuses NaN too; inf would accept every setting as fast enough.
     if args.step_ms is not None and not (args.step_ms > 0 and math.isfinite(args.step_ms)):
         return f"--step-ms {args.step_ms:g}: give the training step's time in ms (a number > 0)"
+    if not os.path.isfile(args.script):
+        return f"script '{args.script}' not found; pass the training script's path"
     return ""
 
 

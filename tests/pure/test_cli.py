@@ -90,6 +90,11 @@ BAD_INPUT = {
         ["'torchrun' was asked for", "RANK, WORLD_SIZE, LOCAL_RANK"],
     ),
     "missing-script": (["run", "-n", "1", "missing.py"], {}, ["script 'missing.py' not found"]),
+    "probe-data-missing-script": (
+        ["probe-data", "missing.py"],
+        {},
+        ["phalanx probe-data: error:", "script 'missing.py' not found"],
+    ),
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import FrozenInstanceError
+from dataclasses import FrozenInstanceError, dataclass
 from pathlib import Path
 
 import pytest
@@ -60,6 +60,9 @@ BAD = [
     (["train..lr=1"], "is not KEY=VALUE"),
     (["train.lr=fast"], "train.lr='fast' is not a number"),
     (["train.steps=1.5"], "train.steps='1.5' is not an integer"),
+    (["train.steps=--5"], "train.steps='--5' is not an integer"),
+    (["train.lr=inf"], "train.lr='inf' must be a finite number"),
+    (["train.lr=nan"], "train.lr='nan' must be a finite number"),
     (["dist.slurm=maybe"], "is not a boolean"),
     (["dist.backend=mpi"], "dist.backend='mpi' is not one of: auto, nccl, gloo"),
     (["dist.launcher=pbs"], "is not one of: auto, torchrun, mpi, slurm, local"),
@@ -93,6 +96,34 @@ def test_bad_files_one_line_errors(tmp_path: Path, text: str, message: str) -> N
     with pytest.raises(phalanx.UsageError) as error:
         load(ProbeConfig, file=_yaml(tmp_path, text))
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_file_that_is_not_text_is_one_line(tmp_path: Path) -> None:
+    weights = tmp_path / "model.pt"
+    weights.write_bytes(b"PK\x03\x04\x80\xff\xfe")  # a torch.save zip, not YAML
+    with pytest.raises(
+        phalanx.UsageError, match=r"'.*model\.pt' cannot be read \(not UTF-8 text\)"
+    ):
+        load(ProbeConfig, file=weights)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Data:
+    path: str
+    workers: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Needs(phalanx.Config):
+    data: Data
+
+
+def test_a_required_field_left_out_is_named() -> None:
+    with pytest.raises(phalanx.UsageError, match=r"config 'data.path' is required; add data.path="):
+        load(Needs, overrides=["run.name=x"])
+    with pytest.raises(phalanx.UsageError, match=r"config 'data.path' is required"):
+        load(Needs, overrides=["data.workers=2"])
+    assert load(Needs, overrides=["data.path=/d"]).data == Data(path="/d")
 
 
 def test_missing_file_and_bad_options() -> None:

@@ -33,6 +33,21 @@ def test_precedence_file_then_profile_then_flags(tmp_path: Path) -> None:
     assert config.job.time == "45"  # flag > profile
 
 
+def test_an_unquoted_yaml_time_is_refused_unless_a_flag_sets_it(tmp_path: Path) -> None:
+    base = tmp_path / "submit.yaml"
+    base.write_text("job:\n  time: 12:00:00\n")  # YAML 1.1: the base-60 number 43200
+    with pytest.raises(UsageError, match=r"job.time in a YAML file reads as the number 43200"):
+        resolve_submit_config(config_file=str(base), profile=None, profiles_file=None,
+                              overrides=[], environ={})  # fmt: skip
+    config = resolve_submit_config(config_file=str(base), profile=None, profiles_file=None,
+                                   overrides=["job.time=1:00:00"], environ={})  # fmt: skip
+    assert config.job.time == "1:00:00"
+    base.write_text('job:\n  time: "12:00:00"\n')
+    config = resolve_submit_config(config_file=str(base), profile=None, profiles_file=None,
+                                   overrides=[], environ={})  # fmt: skip
+    assert config.job.time == "12:00:00"
+
+
 def test_unknown_profile_names_the_known_ones(tmp_path: Path) -> None:
     profiles = tmp_path / "p.yaml"
     profiles.write_text("alpha: {job: {nodes: 2}}\nbeta: {job: {nodes: 3}}\n")

@@ -21,8 +21,9 @@ from phalanx.checkpoint.rng import restore_rng
 from phalanx.checkpoint.sharded_layout import find_sharded
 from phalanx.checkpoint.store import CheckpointStore
 from phalanx.checkpoint.verify import newest_verified, verified
+from phalanx.dist.sharded_types import dcp_errors
 from phalanx.env import ClusterEnv
-from phalanx.errors import UsageError
+from phalanx.errors import UsageError, first_line
 
 log = logging.getLogger("phalanx.checkpoint")
 
@@ -66,18 +67,40 @@ def resume_source(
     return source, int(name[5:])
 
 
+def _load_weights(store: CheckpointStore, step: int, into: Restorable) -> None:
+    """Model and optimizer state; a checkpoint of another model or optimizer (torch's
+    multi-line size-mismatch or parameter-group error) is one line naming the way out."""
+    try:
+        if find_sharded(store.step_dir(step)) is not None:  # collective; reshards to this world
+            from phalanx.checkpoint.sharded import load_sharded  # DCP, only when sharded
+
+            load_sharded(store.step_dir(step), into.model, into.optimizer)
+        else:
+            into.model.load_state_dict(store.read(step, "model.pt"))
+            into.optimizer.load_state_dict(store.read(step, "optimizer.pt"))
+    except dcp_errors(RuntimeError, ValueError) as error:
+        raise UsageError(
+            f"checkpoint {store.step_dir(step)} does not load into this model and optimizer "
+            f"({_reason(error)}); resume a run of the same model, or start afresh with a new "
+            "run.dir or checkpoint.resume=never"
+        ) from error
+
+
+def _reason(error: BaseException) -> str:
+    """torch's first line names only the module ("Error(s) in loading state_dict for Net:"):
+    the first detail under it says what differs."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return lines[1]
+    return first_line(error)
+
+
 def load_checkpoint(
     store: CheckpointStore, step: int, into: Restorable, *, env: ClusterEnv,
     fingerprint: str | None,
 ) -> TrainState:  # fmt: skip
     """Load committed `step` into `into` (collective for sharded checkpoints); its position."""
-    if find_sharded(store.step_dir(step)) is not None:  # collective; reshards to this world
-        from phalanx.checkpoint.sharded import load_sharded  # DCP, only for a sharded checkpoint
-
-        load_sharded(store.step_dir(step), into.model, into.optimizer)
-    else:
-        into.model.load_state_dict(store.read(step, "model.pt"))
-        into.optimizer.load_state_dict(store.read(step, "optimizer.pt"))
+    _load_weights(store, step, into)
     payload = store.read(step, "trainer.pt")
     if into.scheduler is not None and payload["scheduler"] is not None:
         into.scheduler.load_state_dict(payload["scheduler"])

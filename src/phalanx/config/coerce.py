@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -82,7 +84,21 @@ def build(
             kwargs[name] = build(tp, value, default=below, root=root, prefix=f"{key}.")  # type: ignore[arg-type]
         else:
             kwargs[name] = coerce(value, tp, key)
-    return dataclasses.replace(default, **kwargs) if default is not None else cls(**kwargs)
+    if default is not None:
+        return dataclasses.replace(default, **kwargs)  # type: ignore[no-any-return]
+    for name, field in fields.items():
+        if name in kwargs or not _required(field):
+            continue
+        if dataclasses.is_dataclass(hints[name]):  # a section: name its first required key
+            kwargs[name] = build(hints[name], {}, root=root, prefix=f"{prefix}{name}.")
+            continue
+        raise UsageError(f"config '{prefix}{name}' is required; add {prefix}{name}=VALUE")
+    return cls(**kwargs)
+
+
+def _required(field: dataclasses.Field[Any]) -> bool:
+    no_default = field.default is dataclasses.MISSING
+    return no_default and field.default_factory is dataclasses.MISSING and field.init
 
 
 def coerce(value: Any, tp: Any, key: str) -> Any:
@@ -124,16 +140,19 @@ def _scalar(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         text = str(value).strip()
-        if text.lstrip("+-").isdigit():
+        if re.fullmatch(r"[+-]?\d+", text):
             return int(text)
         raise UsageError(f"config {key}={value!r} is not an integer")
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+        if isinstance(value, bool):
+            raise UsageError(f"config {key}={value!r} is not a number (e.g. 3e-4)")
         try:
-            return float(str(value).strip())
+            number = float(value if isinstance(value, (int, float)) else str(value).strip())
         except ValueError:
             raise UsageError(f"config {key}={value!r} is not a number (e.g. 3e-4)") from None
+        if not math.isfinite(number):  # no setting means "unlimited" by inf; nan compares false
+            raise UsageError(f"config {key}={value!r} must be a finite number")
+        return number
     if tp is str:
         if isinstance(value, (dict, list)):
             raise UsageError(f"config {key} expects text, got {value!r}")

@@ -22,7 +22,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UsageError(f"config file '{path}' not found; check the path given to --config")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:  # unreadable, or not text (a model.pt)
+        reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+        message = f"config file '{path}' cannot be read ({reason}); give a YAML file"
+        raise UsageError(message) from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

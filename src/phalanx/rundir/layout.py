@@ -14,8 +14,9 @@ second, so a new run never writes into an old one.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,9 +53,28 @@ class RunDir:
 
     def ensure(self) -> RunDir:
         """Create the fixed sub-folders (idempotent: every rank may call it)."""
-        for folder in (self.path, self.diagnostics, self.logs):
-            folder.mkdir(parents=True, exist_ok=True)
+        with writable("the run directory", self.path):
+            for folder in (self.path, self.diagnostics, self.logs):
+                folder.mkdir(parents=True, exist_ok=True)
         return self
+
+
+@contextlib.contextmanager
+def writable(what: str, path: Path) -> Iterator[None]:
+    """A storage error inside (no permission, a file where a folder goes, a name with a '/')
+    as a one-line UsageError: these are the user's paths, not phalanx's failures."""
+    try:
+        yield
+    except OSError as error:
+        raise storage_error(what, path, error) from None
+
+
+def storage_error(what: str, path: Path, error: OSError) -> UsageError:
+    where = error.filename or path
+    return UsageError(
+        f"cannot write {what} '{where}': {error.strerror or error}; set run.root (or run.dir) "
+        "to a folder you can write"
+    )
 
 
 def job_dir(root: Path, name: str, environ: Mapping[str, str]) -> Path | None:
@@ -78,6 +98,8 @@ def create_fresh(root: Path, name: str, now: datetime | None = None) -> Path:
             path.mkdir()
         except FileExistsError:
             continue
+        except OSError as error:  # no permission, or a '/' in the name
+            raise storage_error("the run directory", path, error) from None
         return path
     raise UsageError(f"could not find a free run directory name under '{root}'")
 

@@ -23,7 +23,7 @@ from phalanx.config.loader import dump
 from phalanx.config.schema import Config
 from phalanx.env.spawned import refuse_spawned_import
 from phalanx.errors import UsageError
-from phalanx.rundir.layout import RunDir, create_fresh, job_dir, write_atomic
+from phalanx.rundir.layout import RunDir, create_fresh, job_dir, writable, write_atomic
 
 C = TypeVar("C", bound=Config)
 RUN_DIR_LINE = "phalanx-run-dir: "
@@ -51,8 +51,11 @@ def with_dir(config: C, path: Path) -> C:
 
 def write_config(config: Config, run_dir: RunDir) -> None:
     """Write config.yaml unless it already holds these bytes; keep a changed one's old copy."""
-    text = dump(config)
-    target = run_dir.config_file
+    with writable("the run's config", run_dir.config_file):
+        _write_config(dump(config), run_dir.config_file)
+
+
+def _write_config(text: str, target: Path) -> None:
     if target.exists():
         old = target.read_text()
         if old == text:

@@ -67,4 +67,17 @@ def resolve_submit_config(
     for token in overrides:
         path, value = parse_override(token, SubmitConfig)
         data = merge(data, path, value)
+    _refuse_yaml_number_time(data)  # overrides are text: a number left came from a file
     return with_absolute_paths(build(SubmitConfig, data), base or Path.cwd())
+
+
+def _refuse_yaml_number_time(data: Mapping[str, Any]) -> None:
+    """YAML reads an unquoted `time: 12:00:00` as the base-60 number 43200, which SLURM would
+    take as 43,200 minutes: a job time from a file must be quoted text."""
+    job = data.get("job")
+    time = job.get("time") if isinstance(job, Mapping) else None
+    if isinstance(time, int) and not isinstance(time, bool):
+        raise UsageError(
+            f"submit job.time in a YAML file reads as the number {time}; quote it "
+            '(time: "12:00:00", or "60" for minutes)'
+        )

@@ -69,8 +69,11 @@ def _check_parameter(key: str, values: Any, method: str) -> None:
     if isinstance(values, list) and values:
         return
     if method == "random" and isinstance(values, Mapping) and {"min", "max"} <= set(values):
-        if values.get("log") and not float(values["min"]) > 0:
-            raise UsageError(f"sweep parameter {key}: a log range needs min > 0")
+        low, high = (values[end] for end in ("min", "max"))
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
+            raise UsageError(f"sweep parameter {key}: min and max must be numbers")
+        if values.get("log") and not (low > 0 and high > 0):
+            raise UsageError(f"sweep parameter {key}: a log range needs min > 0 and max > 0")
         return
     allowed = "a non-empty list" + (" or {min, max, log}" if method == "random" else "")
     raise UsageError(f"sweep parameter {key}: give {allowed}")
@@ -87,13 +90,25 @@ def load_spec(path: Path) -> SweepSpec:
     script = Path(str(data["script"]))
     if not script.is_absolute() and not script.exists():
         script = path.parent / script  # relative to the sweep file
+    args, parameters = data.get("args", []), data.get("parameters") or {}
+    if not isinstance(args, list):
+        raise UsageError(f"sweep file {path}: args must be a list (args: [--config, base.yaml])")
+    if not isinstance(parameters, Mapping):
+        raise UsageError(f"sweep file {path}: parameters must map section.key: [values]")
     return SweepSpec(
-        name=str(data.get("name", path.stem)), script=script,
-        args=tuple(str(a) for a in data.get("args", [])), method=str(data.get("method", "grid")),
-        trials=int(data.get("trials", 0)), seed=int(data.get("seed", 0)),
-        parameters=dict(data.get("parameters") or {}), metric=str(data["metric"]),
-        mode=str(data.get("mode", "min")), ranks=int(data.get("ranks", 1)),
+        name=str(data.get("name", path.stem)), script=script, args=tuple(str(a) for a in args),
+        method=str(data.get("method", "grid")), trials=_whole(data, "trials", 0, path),
+        seed=_whole(data, "seed", 0, path), parameters=dict(parameters),
+        metric=str(data["metric"]), mode=str(data.get("mode", "min")),
+        ranks=_whole(data, "ranks", 1, path),
     )  # fmt: skip
+
+
+def _whole(data: Mapping[str, Any], key: str, default: int, path: Path) -> int:
+    value = data.get(key, default)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise UsageError(f"sweep file {path}: {key} must be a whole number (got {value!r})")
 
 
 def expand(spec: SweepSpec) -> list[dict[str, Any]]:
