@@ -259,7 +259,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_plot(args: argparse.Namespace) -> int:
     from phalanx.track.plots import plot_runs
 
-    for path in plot_runs([Path(d) for d in args.run_dirs], Path(args.out)):
+    out = Path(args.out)
+    try:
+        written = plot_runs([Path(d) for d in args.run_dirs], out)
+    except OSError as error:  # -o names a file, or a folder this user cannot write
+        reason = error.strerror or error
+        raise UsageError(f"cannot write plots into '{out}': {reason}; pass -o DIR") from None
+    for path in written:
         print(f"wrote {path}")
     return 0
 
