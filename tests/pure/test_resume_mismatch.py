@@ -1,5 +1,5 @@
 """A checkpoint of another model or optimizer is one line naming the way out, not torch's
-multi-line size-mismatch traceback on every rank (full checkpoints, one process; the Trainer
+multi-line size-mismatch traceback on every rank (one process; full and sharded; the Trainer
 turns the UsageError into exit code 2)."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from torch import nn
 
 from phalanx.checkpoint import CheckpointStore
 from phalanx.checkpoint.resume import Restorable, load_checkpoint
+from phalanx.checkpoint.sharded import save_sharded
+from phalanx.checkpoint.sharded_layout import sharded_dir
 from phalanx.env.cluster_env import ClusterEnv
 from phalanx.errors import UsageError
 
@@ -57,3 +59,20 @@ def test_another_optimizers_checkpoint_is_one_line(tmp_path: Path) -> None:
     into = Restorable(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(UsageError, match="does not load into this model and optimizer"):
         load_checkpoint(store, 1, into, env=ONE, fingerprint=None)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_another_models_sharded_checkpoint_is_one_line(tmp_path: Path) -> None:
+    old = nn.Linear(3, 2)
+    store = CheckpointStore(tmp_path)
+    optimizer = torch.optim.SGD(old.parameters(), lr=0.1)
+    save_sharded(sharded_dir(store, 1), {"model": old, "optimizer": optimizer}).wait()
+    store.write(1, "trainer.pt", {"step": 1, "epoch": 0, "global_index": 4, "world_size": 1,
+                                  "scheduler": None, "scaler": None})  # fmt: skip
+    store.commit(1, world_size=1, meta={})
+    new = nn.Linear(4, 2)
+    into = Restorable(model=new, optimizer=torch.optim.SGD(new.parameters(), lr=0.1))
+    with pytest.raises(UsageError) as error:
+        load_checkpoint(store, 1, into, env=ONE, fingerprint=None)
+    text = str(error.value)
+    assert "\n" not in text and "cannot load sharded checkpoint" in text, text  # load_sharded's

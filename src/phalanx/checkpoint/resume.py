@@ -21,7 +21,6 @@ from phalanx.checkpoint.rng import restore_rng
 from phalanx.checkpoint.sharded_layout import find_sharded
 from phalanx.checkpoint.store import CheckpointStore
 from phalanx.checkpoint.verify import newest_verified, verified
-from phalanx.dist.sharded_types import dcp_errors
 from phalanx.env import ClusterEnv
 from phalanx.errors import UsageError, first_line
 
@@ -69,21 +68,26 @@ def resume_source(
 
 def _load_weights(store: CheckpointStore, step: int, into: Restorable) -> None:
     """Model and optimizer state; a checkpoint of another model or optimizer (torch's
-    multi-line size-mismatch or parameter-group error) is one line naming the way out."""
-    try:
-        if find_sharded(store.step_dir(step)) is not None:  # collective; reshards to this world
-            from phalanx.checkpoint.sharded import load_sharded  # DCP, only when sharded
+    multi-line size-mismatch or parameter-group error) is one line naming the way out (a
+    sharded one: load_sharded says so itself)."""
+    if find_sharded(store.step_dir(step)) is not None:  # collective; reshards to this world
+        from phalanx.checkpoint.sharded import load_sharded  # DCP, only for a sharded checkpoint
 
-            load_sharded(store.step_dir(step), into.model, into.optimizer)
-        else:
-            into.model.load_state_dict(store.read(step, "model.pt"))
-            into.optimizer.load_state_dict(store.read(step, "optimizer.pt"))
-    except dcp_errors(RuntimeError, ValueError) as error:
-        raise UsageError(
-            f"checkpoint {store.step_dir(step)} does not load into this model and optimizer "
-            f"({_reason(error)}); resume a run of the same model, or start afresh with a new "
-            "run.dir or checkpoint.resume=never"
-        ) from error
+        load_sharded(store.step_dir(step), into.model, into.optimizer)
+        return
+    try:  # no collective runs here: an error is this checkpoint's, not a peer's
+        into.model.load_state_dict(store.read(step, "model.pt"))
+        into.optimizer.load_state_dict(store.read(step, "optimizer.pt"))
+    except (RuntimeError, ValueError) as error:
+        raise _mismatch(store.step_dir(step), error) from error
+
+
+def _mismatch(step_dir: Path, error: BaseException) -> UsageError:
+    return UsageError(
+        f"checkpoint {step_dir} does not load into this model and optimizer ({_reason(error)}); "
+        "resume a run of the same model, or start afresh with a new run.dir or "
+        "checkpoint.resume=never"
+    )
 
 
 def _reason(error: BaseException) -> str:
