@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from phalanx.horovod.compression import Compressor
-from phalanx.horovod.join import negotiate
+from phalanx.horovod.protocol import negotiate
 from phalanx.horovod.reduce import describe, launch_allreduce
 
 

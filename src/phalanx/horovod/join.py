@@ -11,60 +11,12 @@ every rank with the same value: the rank that joined last.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 import torch.distributed as dist
 
-from phalanx.errors import UsageError
+from phalanx.horovod import gather, reduce
+from phalanx.horovod.protocol import Descriptor, check, exchange
 from phalanx.horovod.runtime import RUNTIME
-
-Descriptor = dict[str, Any]
-
-SERVED = ("allreduce", "allgather", "broadcast", "barrier")
-"""Collectives a joined rank can take part in; others stop every rank with one line."""
-
-
-def _exchange(active: bool) -> list[bool]:
-    handle = RUNTIME.require()
-    flags = torch.zeros(handle.env.world_size, dtype=torch.int32)
-    flags[handle.env.rank] = int(active)
-    dist.all_reduce(flags, group=RUNTIME.object_group())
-    states = [bool(v) for v in flags.tolist()]
-    if any(states):
-        RUNTIME.last_active = [r for r, a in enumerate(states) if a]
-    return states
-
-
-def negotiate(kind: str, describe: Callable[[], Descriptor]) -> None:
-    """Run by every active rank before a collective; a no-op on one rank."""
-    if RUNTIME.require().env.world_size == 1:
-        return
-    states = _exchange(True)
-    if all(states):
-        return
-    root = states.index(True)
-    message = {"kind": kind, **describe()} if RUNTIME.require().env.rank == root else None
-    box = [message]
-    dist.broadcast_object_list(box, src=root, group=RUNTIME.object_group())
-    _check(box[0], states)
-
-
-def _check(message: Descriptor | None, states: list[bool]) -> None:
-    assert message is not None
-    joined = [r for r, a in enumerate(states) if not a]
-    if message["kind"] not in SERVED:
-        raise UsageError(
-            f"hvd.{message['kind']} was called while rank(s) {joined} had called hvd.join(); "
-            f"only {', '.join(SERVED)} work then: call it before hvd.join() on every rank"
-        )
-    root = message.get("root_rank")
-    if message["kind"] == "broadcast" and root is not None and not states[root]:
-        raise UsageError(
-            f"hvd.broadcast from rank {root}, which has already called hvd.join(); "
-            "broadcast from a rank that is still active"
-        )
 
 
 def join(device: int = -1) -> int:
@@ -76,12 +28,12 @@ def join(device: int = -1) -> int:
     RUNTIME.joined = True
     try:
         while True:
-            states = _exchange(False)
+            states = exchange(False)
             if not any(states):
                 break
             box: list[Descriptor | None] = [None]
             dist.broadcast_object_list(box, src=states.index(True), group=RUNTIME.object_group())
-            _check(box[0], states)
+            check(box[0], states)
             assert box[0] is not None
             _serve(box[0])
     finally:
@@ -95,9 +47,6 @@ def _device_for(device_type: str) -> torch.device:
 
 
 def _serve(message: Descriptor) -> None:
-    # Imported here: the collectives import negotiate() from this module.
-    from phalanx.horovod import gather, reduce
-
     kind = message["kind"]
     device = _device_for(message["device"]) if "device" in message else None
     if kind == "allreduce":
@@ -119,7 +68,3 @@ def _serve(message: Descriptor) -> None:
         dist.broadcast(buffer, src=message["root_rank"], group=RUNTIME.group_for(buffer))
     else:
         dist.barrier(group=RUNTIME.object_group())
-
-
-def dtype_name(tensor: torch.Tensor) -> str:
-    return str(tensor.dtype).removeprefix("torch.")

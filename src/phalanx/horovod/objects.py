@@ -10,10 +10,9 @@ import torch.distributed as dist
 
 from phalanx.errors import UsageError
 from phalanx.horovod.gather import broadcast_raw
-from phalanx.horovod.join import negotiate
-from phalanx.horovod.process_sets import global_process_set
+from phalanx.horovod.process_sets import global_process_set, refuse_process_set
+from phalanx.horovod.protocol import negotiate
 from phalanx.horovod.runtime import RUNTIME
-from phalanx.horovod.unsupported import refuse_process_set
 
 
 def broadcast_object(

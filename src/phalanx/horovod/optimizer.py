@@ -20,9 +20,9 @@ from phalanx.errors import UsageError
 from phalanx.horovod import ops
 from phalanx.horovod.buckets import Bucket, plan_buckets
 from phalanx.horovod.compression import Compression, Compressor
-from phalanx.horovod.process_sets import global_process_set
+from phalanx.horovod.process_sets import global_process_set, refuse_process_set
 from phalanx.horovod.runtime import RUNTIME
-from phalanx.horovod.unsupported import refuse, refuse_process_set
+from phalanx.horovod.unsupported import refuse
 
 
 class _DistributedOptimizer:

@@ -27,3 +27,9 @@ def add_process_set(process_set: Any) -> ProcessSet:
 
 def remove_process_set(process_set: Any) -> bool:
     refuse("process sets")
+
+
+def refuse_process_set(process_set: Any) -> None:
+    """Only the global set (Horovod's default argument) is accepted."""
+    if process_set is not None and process_set is not global_process_set:
+        refuse("process sets")

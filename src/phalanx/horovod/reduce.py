@@ -15,10 +15,10 @@ import torch.distributed as dist
 from phalanx.errors import UsageError
 from phalanx.horovod import ops
 from phalanx.horovod.compression import Compression, Compressor
-from phalanx.horovod.join import dtype_name, negotiate
-from phalanx.horovod.process_sets import global_process_set
+from phalanx.horovod.process_sets import global_process_set, refuse_process_set
+from phalanx.horovod.protocol import dtype_name, negotiate
 from phalanx.horovod.runtime import RUNTIME
-from phalanx.horovod.unsupported import refuse, refuse_process_set
+from phalanx.horovod.unsupported import refuse
 
 
 def _scale_(tensor: torch.Tensor, factor: float) -> None:

@@ -5,7 +5,7 @@ Nothing here changes numerics silently: a call that cannot be honoured stops the
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from phalanx.errors import UsageError
 
@@ -32,11 +32,3 @@ class UnsupportedError(UsageError):
 def refuse(feature: str) -> NoReturn:
     """Raise the one-line refusal for `feature` (a key of ALTERNATIVES)."""
     raise UnsupportedError(f"phalanx.horovod does not support {feature}; {ALTERNATIVES[feature]}")
-
-
-def refuse_process_set(process_set: Any) -> None:
-    """Only the global set (Horovod's default argument) is accepted."""
-    from phalanx.horovod.process_sets import global_process_set
-
-    if process_set is not None and process_set is not global_process_set:
-        refuse("process sets")
