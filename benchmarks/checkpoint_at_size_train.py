@@ -37,7 +37,7 @@ from torch import nn
 
 import phalanx
 from phalanx.checkpoint import CheckpointStore
-from phalanx.config.training import CheckpointConfig, Precision, Strategy
+from phalanx.config.training import CheckpointConfig, PrecisionName, Strategy
 from phalanx.data.loader import make_train_loader
 from phalanx.dist.collectives import all_gather_object
 from phalanx.dist.control import ControlPlane
@@ -340,7 +340,7 @@ def resume(parts: Parts, run_dir: Path, marks: dict[str, float]) -> None:
 @dataclass(frozen=True, kw_only=True)
 class Train(phalanx.TrainConfig):
     strategy: Strategy = "fsdp"
-    precision: Precision = "bf16"
+    precision: PrecisionName = "bf16"
     max_steps: int = 10**9
     log_every: int = 1000
     progress: bool = False

@@ -26,7 +26,7 @@ from fsdp_llama_model import SIZES, VOCAB, Decoder, num_params
 from torch import nn
 
 import phalanx
-from phalanx.config.training import CheckpointConfig, Precision, Strategy
+from phalanx.config.training import CheckpointConfig, PrecisionName, Strategy
 from phalanx.dist.collectives import all_gather_object
 
 
@@ -58,7 +58,7 @@ class Bench:
 @dataclass(frozen=True, kw_only=True)
 class Train(phalanx.TrainConfig):
     strategy: Strategy = "fsdp"
-    precision: Precision = "bf16"
+    precision: PrecisionName = "bf16"
     clip_grad_norm: float = 1.0
     log_every: int = 10**6
     progress: bool = False

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from phalanx.errors import UsageError
 
@@ -51,8 +51,8 @@ class DistConfig:
     """Rank 0 logs INFO, other ranks WARNING+, every line prefixed with its rank."""
 
     def __post_init__(self) -> None:
-        check_choice("dist.backend", self.backend, ("auto", "nccl", "gloo"))
-        check_choice("dist.launcher", self.launcher, ("auto", "torchrun", "mpi", "slurm", "local"))
+        check_choice("dist.backend", self.backend, get_args(Backend))
+        check_choice("dist.launcher", self.launcher, get_args(Launcher))
         if not self.timeout_s > 0:
             raise UsageError(f"config dist.timeout_s={self.timeout_s} must be > 0 seconds")
         if not self.rendezvous_timeout_s > 0:

@@ -9,24 +9,28 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from phalanx.config.schema import Config, check_choice
 from phalanx.errors import UsageError
 
-Precision = Literal["fp32", "bf16", "fp16"]
+PrecisionName = Literal["fp32", "bf16", "fp16"]
+"""train.precision; the class that applies it is phalanx.Precision."""
+PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
 Strategy = Literal["auto", "single", "ddp", "fsdp", "hsdp"]
-STRATEGIES = ("auto", "single", "ddp", "fsdp", "hsdp")
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
 SHARDED_STRATEGIES = ("fsdp", "hsdp")
 """Strategies whose parameters are DTensor shards (FSDP2): sharded checkpoints, an optimizer
 factory, no fp16."""
 CompileMode = Literal["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"]
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
 CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")
 """torch.compile modes that replay CUDA graphs: a graph's outputs are overwritten by its next
 replay, so whatever outlives a step (the metrics' loss) must be a copy."""
 NanPolicy = Literal["skip", "stop", "count"]
 LrScaling = Literal["none", "linear"]
+InitFromRead = Literal["slices", "broadcast"]
+BestMode = Literal["min", "max"]
 
 
 def _at_least(key: str, value: float, low: float) -> None:
@@ -47,7 +51,7 @@ class TrainConfig:
     fsdp_reduce_every_micro_batch)."""
     clip_grad_norm: float = 0.0
     """Clip the global gradient norm to this value; 0: no clipping (the norm is still logged)."""
-    precision: Precision = "fp32"
+    precision: PrecisionName = "fp32"
     """fp32, bf16 (autocast) or fp16 (autocast + GradScaler)."""
     strategy: Strategy = "auto"
     """auto (ddp with several ranks, else single), single, ddp, fsdp (FSDP2: parameters,
@@ -90,7 +94,7 @@ class TrainConfig:
     """Pretrained weights to start from: a torch.save state dict, a .safetensors file or a
     directory of them (Hugging Face layout); each rank reads only its own shards. Empty: the
     model's own initialisation. A resumed checkpoint takes precedence."""
-    init_from_read: Literal["slices", "broadcast"] = "slices"
+    init_from_read: InitFromRead = "slices"
     """How train.init_from is read: slices (each rank reads its shards) or broadcast (rank 0
     reads each tensor and broadcasts it: one reader for a strained file system)."""
     nan_policy: NanPolicy = "stop"
@@ -115,11 +119,11 @@ class TrainConfig:
     dist.timeout_s and above the longest step."""
 
     def __post_init__(self) -> None:
-        check_choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))
+        check_choice("train.precision", self.precision, PRECISIONS)
         check_choice("train.strategy", self.strategy, STRATEGIES)
-        check_choice("train.nan_policy", self.nan_policy, ("skip", "stop", "count"))
-        check_choice("train.lr_scaling", self.lr_scaling, ("none", "linear"))
-        check_choice("train.init_from_read", self.init_from_read, ("slices", "broadcast"))
+        check_choice("train.nan_policy", self.nan_policy, get_args(NanPolicy))
+        check_choice("train.lr_scaling", self.lr_scaling, get_args(LrScaling))
+        check_choice("train.init_from_read", self.init_from_read, get_args(InitFromRead))
         check_compile_mode(self.compile_mode, compile=self.compile, strategy=self.strategy)
         checkpoint_every(self.activation_checkpointing)
         if self.strategy in SHARDED_STRATEGIES and self.precision == "fp16":
@@ -226,7 +230,7 @@ class CheckpointConfig:
     """Newest valid checkpoints kept; older ones are deleted (the best one stays)."""
     best_metric: str = ""
     """Also keep the checkpoint with the best value of this eval metric (e.g. eval/loss)."""
-    best_mode: Literal["min", "max"] = "min"
+    best_mode: BestMode = "min"
     """Whether a smaller or a larger best_metric is better."""
     sharded: bool = False
     """Model and optimizer as a sharded DCP checkpoint (every rank writes its part; loads on any
@@ -251,7 +255,7 @@ class CheckpointConfig:
     never: start fresh; or the path of a step-N directory to start from."""
 
     def __post_init__(self) -> None:
-        check_choice("checkpoint.best_mode", self.best_mode, ("min", "max"))
+        check_choice("checkpoint.best_mode", self.best_mode, get_args(BestMode))
         _at_least("checkpoint.every_steps", self.every_steps, 0)
         _at_least("checkpoint.keep_last", self.keep_last, 1)
         if not self.resume:

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from phalanx.config.schema import check_choice
 from phalanx.errors import UsageError
@@ -96,7 +96,7 @@ class JobSection:
     """More #SBATCH options, each like --licenses=foo:1."""
 
     def __post_init__(self) -> None:
-        check_choice("submit job.gpu_flag", self.gpu_flag, ("gres", "gpus-per-node"))
+        check_choice("submit job.gpu_flag", self.gpu_flag, get_args(GpuFlag))
         _positive("job.nodes", self.nodes)
         for key in ("gpus_per_node", "ranks_per_node", "cpus_per_task"):
             _positive(f"job.{key}", getattr(self, key), 0)
@@ -145,7 +145,7 @@ class LaunchSection:
     """Extra mpirun options, e.g. --mca,btl_tcp_if_include,ib0."""
 
     def __post_init__(self) -> None:
-        check_choice("submit launch.mode", self.mode, ("srun", "torchrun", "mpirun"))
+        check_choice("submit launch.mode", self.mode, get_args(LaunchMode))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,12 +178,8 @@ class EnvSection:
     """Extra shell lines run before the launch (written as given: trusted input)."""
 
     def __post_init__(self) -> None:
-        check_choice(
-            "submit env.kind", self.kind, ("none", "modules", "venv", "conda", "container")
-        )
-        check_choice(
-            "submit env.runtime", self.runtime, ("apptainer", "singularity", "charliecloud")
-        )
+        check_choice("submit env.kind", self.kind, get_args(EnvKind))
+        check_choice("submit env.runtime", self.runtime, get_args(Runtime))
         needs = {"modules": "modules", "venv": "venv", "conda": "conda", "container": "image"}
         key = needs.get(self.kind)
         if key is not None and not getattr(self, key):
@@ -208,7 +204,7 @@ class CodeSection:
     """The directory to snapshot (default: the script's git work tree, else its directory)."""
 
     def __post_init__(self) -> None:
-        check_choice("submit code.snapshot", self.snapshot, ("copy", "none"))
+        check_choice("submit code.snapshot", self.snapshot, get_args(Snapshot))
 
 
 @dataclass(frozen=True, kw_only=True)
