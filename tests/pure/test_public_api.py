@@ -3,9 +3,12 @@ every export carries its own docstring (the API reference of the docs site rende
 
 from __future__ import annotations
 
+import ast
+import importlib
 import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 import phalanx
 
@@ -77,3 +80,26 @@ def test_import_phalanx_does_not_import_torch() -> None:
     # The CLI's --help and the job-script paths import phalanx; torch costs seconds there.
     code = "import sys, phalanx; phalanx.CheckpointConfig; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _type_checking_imports(package: str) -> set[tuple[str, str]]:
+    """(module, name) of every import under `if TYPE_CHECKING:` in the package's __init__."""
+    source = Path(importlib.import_module(package).__file__ or "").read_text()
+    found = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for stmt in node.body:
+                assert isinstance(stmt, ast.ImportFrom) and stmt.module, ast.unparse(stmt)
+                found |= {(stmt.module, alias.name) for alias in stmt.names}
+    return found
+
+
+def test_type_checkers_see_the_exports_table() -> None:
+    # Type checkers cannot run the tables, so each package repeats them as imports; one drift
+    # would leave a name untyped (or typed from another module) in users' code.
+    for package in ("phalanx", "phalanx.checkpoint"):
+        module = importlib.import_module(package)
+        table = {**vars(module)["_AT_ONCE"], **vars(module)["_ON_FIRST_USE"]}
+        expected = {(source, name) for source, names in table.items() for name in names}
+        assert _type_checking_imports(package) == expected, package
+        assert set(module.__all__) - {"__version__"} == {name for _, name in expected}

@@ -7,23 +7,29 @@ synchronises ranks around `write` and `commit`. `Checkpointer` does that for you
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from phalanx.checkpoint.position import TrainState
-from phalanx.checkpoint.rng import capture_rng, restore_rng
-from phalanx.checkpoint.store import CheckpointStore
+from phalanx._lazy import exported, lazy_getattr, load
+
+_AT_ONCE = {
+    "phalanx.checkpoint.position": ("TrainState",),
+    "phalanx.checkpoint.rng": ("capture_rng", "restore_rng"),
+    "phalanx.checkpoint.store": ("CheckpointStore",),
+}
+_ON_FIRST_USE = {
+    # It pulls in the process-group and preemption code, which the storage users (phalanx
+    # export, the store's tests) do not need.
+    "phalanx.checkpoint.checkpointer": ("Checkpointer",),
+}
+
+globals().update(load(_AT_ONCE))
+__getattr__ = lazy_getattr(__name__, _ON_FIRST_USE)
+__all__ = exported(_AT_ONCE, _ON_FIRST_USE)
 
 if TYPE_CHECKING:
-    from phalanx.checkpoint.checkpointer import Checkpointer
-
-
-def __getattr__(name: str) -> Any:
-    # Loaded on first use: it pulls in the process-group and preemption code, which the storage
-    # users (phalanx export, the store's tests) do not need.
-    if name == "Checkpointer":
-        return importlib.import_module("phalanx.checkpoint.checkpointer").Checkpointer
-    raise AttributeError(f"module 'phalanx.checkpoint' has no attribute {name!r}")
-
-
-__all__ = ["CheckpointStore", "Checkpointer", "TrainState", "capture_rng", "restore_rng"]
+    # What type checkers read; tests/pure/test_public_api.py checks it matches the tables.
+    from phalanx.checkpoint.checkpointer import Checkpointer as Checkpointer
+    from phalanx.checkpoint.position import TrainState as TrainState
+    from phalanx.checkpoint.rng import capture_rng as capture_rng
+    from phalanx.checkpoint.rng import restore_rng as restore_rng
+    from phalanx.checkpoint.store import CheckpointStore as CheckpointStore
