@@ -201,7 +201,7 @@ def _probe_data_usage(args: argparse.Namespace) -> str:
 
 
 def _cmd_probe_data(args: argparse.Namespace) -> int:
-    from phalanx.data.probe import sweep
+    from phalanx.probe_data import sweep
 
     wrong = _probe_data_usage(args)
     if wrong:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from phalanx.data.probe import Row, report
+from phalanx.probe_data import Row, report
 
 
 def _row(workers: int, samples_per_s: float, cpu_ms: float, pin: bool = False) -> Row:
