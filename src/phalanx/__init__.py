@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from phalanx._lazy import exported, lazy_getattr, load
+from phalanx._version import __version__ as __version__
 from phalanx.env.spawned import quiet_checkpoint_writer
-
-__version__ = "0.1.0"
 
 # The exports, module -> names: the one list that __all__ and the loaders below read.
 _AT_ONCE = {

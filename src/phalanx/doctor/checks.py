@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from phalanx._version import __version__
 from phalanx.errors import UsageError
 from phalanx.rundir.diagnostics import is_secret_name
 
@@ -43,8 +44,6 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 def check_versions() -> Check:
     import torch
-
-    from phalanx import __version__
 
     cuda = torch.version.cuda
     build = f"CUDA {cuda}" if cuda else "CPU build"

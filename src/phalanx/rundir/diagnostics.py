@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from phalanx._version import __version__
 from phalanx.env import ClusterEnv
 from phalanx.rundir.layout import RunDir, write_atomic
 
@@ -103,8 +104,6 @@ def _gpus() -> list[dict[str, Any]]:
 
 def _versions() -> dict[str, str | None]:
     import torch
-
-    from phalanx import __version__
 
     nccl = None
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
