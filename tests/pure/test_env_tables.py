@@ -378,3 +378,13 @@ def test_detect_reads_nothing_but_its_argument(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("MASTER_ADDR", "h")
     assert detect({}).launcher == "local"
     assert detect().rank == 1
+
+
+def test_dist_launcher_choices_are_the_launcher_table() -> None:
+    # config sits below env and cannot import its table: this keeps the Literal in step.
+    from typing import get_args
+
+    from phalanx.config.schema import Launcher
+    from phalanx.env import LAUNCHERS
+
+    assert get_args(Launcher) == ("auto", *LAUNCHERS)

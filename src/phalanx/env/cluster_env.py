@@ -8,9 +8,6 @@ from dataclasses import dataclass
 
 from phalanx.errors import UsageError
 
-LAUNCHERS = ("torchrun", "mpi", "slurm", "local")
-"""Launcher names, in detection priority order (also the values of `--launcher`)."""
-
 FIELDS = (
     "rank",
     "local_rank",
@@ -47,11 +44,14 @@ class ClusterEnv:
     master_port: int
     """Port of the rendezvous store; 0 for a local single process (no store is needed)."""
     launcher: str
-    """Which launcher started the process: one of LAUNCHERS."""
+    """Which launcher started the process: one of phalanx.env.LAUNCHERS."""
     job_id: str | None
     """The scheduler's job id (SLURM_JOB_ID when set), else the launcher's run id, else None."""
 
     def __post_init__(self) -> None:
+        # Imported here: the launcher table's readers build ClusterEnvs, so it sits above.
+        from phalanx.env.launchers import LAUNCHERS
+
         if self.launcher not in LAUNCHERS:
             raise UsageError(f"unknown launcher {self.launcher!r}; valid: {', '.join(LAUNCHERS)}")
         checks = (

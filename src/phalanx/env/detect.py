@@ -1,9 +1,5 @@
-"""detect(): which launcher started this process, in a fixed, documented priority order.
-
-1. torchrun / TorchElastic -- it may run inside srun or mpirun, so its variables are the truth.
-2. MPI -- under `mpirun` inside `sbatch` every rank inherits SLURM variables of another step.
-3. SLURM srun task -- only with SLURM_STEP_* variables.
-4. local -- one process.
+"""detect(): which launcher started this process, in the fixed, documented priority order of
+phalanx.env.launchers.LAUNCHER_TABLE (torchrun, MPI, an srun task, else one local process).
 """
 
 from __future__ import annotations
@@ -11,19 +7,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from phalanx.env.cluster_env import LAUNCHERS, ClusterEnv
-from phalanx.env.local import from_local
-from phalanx.env.mpi import Exchange, from_mpi, is_mpi, mpi4py_exchange
+from phalanx.env.cluster_env import ClusterEnv
+from phalanx.env.launchers import LAUNCHER_TABLE, LAUNCHERS, Launcher
+from phalanx.env.mpi import Exchange, is_mpi, mpi4py_exchange
 from phalanx.env.node_addr import NodeAddr, node_address
-from phalanx.env.slurm import from_slurm, is_slurm_step, step_tasks_on_this_node
-from phalanx.env.torchrun import from_torchrun, is_torchrun
+from phalanx.env.slurm import is_slurm_step, step_tasks_on_this_node
+from phalanx.env.torchrun import is_torchrun
 from phalanx.errors import UsageError
-
-_MARKERS = {
-    "torchrun": "RANK, WORLD_SIZE, LOCAL_RANK (set by torchrun / phalanx run)",
-    "mpi": "OMPI_COMM_WORLD_* or PMI_RANK + MPI_LOCALRANKID (set by mpirun)",
-    "slurm": "SLURM_STEP_ID and SLURM_PROCID (set by srun, not in the batch script itself)",
-}
 
 
 def detect(
@@ -46,27 +36,24 @@ def detect(
         raise UsageError(f"unknown launcher {launcher!r}; valid: auto, {', '.join(LAUNCHERS)}")
     if launcher == "slurm" and not slurm:
         raise UsageError("launcher 'slurm' conflicts with SLURM detection turned off; drop one")
-    found = {
-        "torchrun": is_torchrun(environ),
-        "mpi": is_mpi(environ),
-        "slurm": slurm and is_slurm_step(environ),
-        "local": True,
-    }
-    chosen = launcher if launcher != "auto" else next(name for name in LAUNCHERS if found[name])
-    if not found[chosen]:
+
+    def found(entry: Launcher) -> bool:
+        return (slurm or entry.name != "slurm") and entry.detect(environ)
+
+    if launcher == "auto":
+        chosen = next(entry for entry in LAUNCHER_TABLE if found(entry))
+    else:
+        chosen = LAUNCHER_TABLE[LAUNCHERS.index(launcher)]
+    if not found(chosen):
         raise UsageError(
-            f"launcher {chosen!r} was asked for but its variables are missing: "
-            f"{_MARKERS[chosen]}; start the script with that launcher or use launcher 'auto'"
+            f"launcher {chosen.name!r} was asked for but its variables are missing: "
+            f"{chosen.marker}; start the script with that launcher or use launcher 'auto'"
         )
-    if chosen == "torchrun" and slurm and "TORCHELASTIC_RUN_ID" in environ:
+    if chosen.name == "torchrun" and slurm and "TORCHELASTIC_RUN_ID" in environ:
         # Only a real elastic agent spawns workers; env:// variables set by hand inside one
         # srun task per process are a legitimate (if unusual) set-up.
         refuse_nested_launch(environ, what="torchrun")
-    if chosen == "torchrun":
-        return from_torchrun(environ)
-    if chosen == "mpi":
-        return from_mpi(environ, mpi_exchange)
-    return from_slurm(environ, node_addr) if chosen == "slurm" else from_local(environ)
+    return chosen.build(environ, mpi_exchange, node_addr)
 
 
 def refuse_nested_launch(environ: Mapping[str, str], *, what: str) -> None:
