@@ -10,7 +10,7 @@ Two costs per setting: how fast batches arrive (samples/s), and how much CPU tim
 process itself spends per batch (all its threads, workers excluded). The second is what the
 thread launching the GPU's kernels shares its process with: a batch taken from a worker costs
 unpickling, the shared memory's file descriptor and mapping, and under pin_memory a thread of
-its own (benchmarks/loader_take.py: ~0.3 ms more for a batch that costs nothing to make).
+its own (docs/results.md: ~0.3 ms more for a batch that costs nothing to make).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ torch's process-based async save (`AsyncCheckpointerType.PROCESS`) spawns one da
 rank, on the first save, from a thread of its own; the writer gets the staged copy through
 shared memory and never competes with training for the GIL (measured on an H100 with 1.5 GB of
 state: training slowed by about 5% of a synchronous save, against about 20% with a writer
-thread; docs/benchmarks.md). Three things torch leaves to the caller, handled here:
+thread; docs/results.md). Three things torch leaves to the caller, handled here:
 
 - Signals. SLURM signals every process of a job step: the preemption SIGTERM and the time-limit
   SIGUSR2 would kill the writer (default action) in the middle of the very checkpoint they ask

@@ -64,7 +64,7 @@ class TrainConfig:
     """torch.compile's mode with train.compile=true: default, max-autotune-no-cudagraphs
     (autotuned kernels: a longer first step), max-autotune or reduce-overhead (both add CUDA
     graphs: static shapes only). On GPT-2 small none beat the default: CUDA graphs gained
-    nothing, autotuned GEMMs were slower on H100 (docs/benchmarks.md)."""
+    nothing, autotuned GEMMs were slower on H100 (docs/results.md)."""
     ddp_static_graph: bool = False
     """DDP static_graph=True: faster when the graph never changes between steps."""
     ddp_bucket_mb: float = 25.0

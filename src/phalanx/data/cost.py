@@ -3,7 +3,7 @@
 A DataLoader worker's batch is not free to take: it reaches the training process through a
 hand-over per tensor (torch's default sharing strategy sends each tensor's shared memory as a
 file descriptor, a round trip with the worker), and with `pin_memory` torch's pinning thread does
-that work beside the training loop. Measured (docs/benchmarks.md, issue #17): on a 2-core CPU the
+that work beside the training loop. Measured (docs/results.md, issue #17): on a 2-core CPU the
 training process spends 0.4-0.5 ms of CPU per token batch taken from a worker against 0.08 ms to
 make it itself; on an H200 the thread launching a GPT-2 step blocked 12.7-15 times a step with 8
 workers (each block a chance to lose the CPU on a busy host) against once without workers.
@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 HANDOVER_MS = 0.5
 """A batch cheaper than this to make costs the training process less made by itself than taken
-from a worker (0.4-0.5 ms measured on this project's CPU, benchmarks/loader_take.py)."""
+from a worker (0.4-0.5 ms measured on a 2-core CPU, docs/results.md)."""
 
 _SAMPLES = 4
 """Samples timed one by one; the fastest stands for all (the first may open files)."""

