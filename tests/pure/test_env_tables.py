@@ -388,3 +388,9 @@ def test_dist_launcher_choices_are_the_launcher_table() -> None:
     from phalanx.env import LAUNCHERS
 
     assert get_args(Launcher) == ("auto", *LAUNCHERS)
+
+
+def test_the_launcher_table_follows_the_priority_order() -> None:
+    from phalanx.env.launchers import LAUNCHER_TABLE, LAUNCHERS
+
+    assert tuple(entry.name for entry in LAUNCHER_TABLE) == LAUNCHERS

@@ -5,8 +5,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from phalanx.errors import UsageError
+
+LauncherName = Literal["torchrun", "mpi", "slurm", "local"]
+"""The launchers phalanx recognises, in detection priority order (phalanx.env.launchers holds
+one entry for each; the type checker holds each entry's name to this list)."""
+
+LAUNCHERS: tuple[LauncherName, ...] = get_args(LauncherName)
+"""Launcher names, in detection priority order (also the values of `--launcher`)."""
 
 FIELDS = (
     "rank",
@@ -43,15 +51,12 @@ class ClusterEnv:
     """Host of rank 0, where the rendezvous store listens."""
     master_port: int
     """Port of the rendezvous store; 0 for a local single process (no store is needed)."""
-    launcher: str
+    launcher: LauncherName
     """Which launcher started the process: one of phalanx.env.LAUNCHERS."""
     job_id: str | None
     """The scheduler's job id (SLURM_JOB_ID when set), else the launcher's run id, else None."""
 
     def __post_init__(self) -> None:
-        # Imported here: the launcher table's readers build ClusterEnvs, so it sits above.
-        from phalanx.env.launchers import LAUNCHERS
-
         if self.launcher not in LAUNCHERS:
             raise UsageError(f"unknown launcher {self.launcher!r}; valid: {', '.join(LAUNCHERS)}")
         checks = (

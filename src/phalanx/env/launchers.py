@@ -1,8 +1,9 @@
 """The launchers phalanx recognises, in detection priority order: one entry per launcher.
 
 Adding a launcher is adding its module (a `from_<name>(environ) -> ClusterEnv` reader and an
-`is_<name>(environ)` test) and one entry here; `LAUNCHERS`, `--launcher`'s choices and
-`detect()` follow from this table.
+`is_<name>(environ)` test), its name to `cluster_env.LauncherName` (the order there is the
+priority order) and one entry here; `LAUNCHERS`, `--launcher`'s choices and `detect()` follow.
+A test holds this table to that order.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from phalanx.env.cluster_env import ClusterEnv
+from phalanx.env.cluster_env import LAUNCHERS, ClusterEnv, LauncherName
 from phalanx.env.local import from_local
 from phalanx.env.mpi import Exchange, from_mpi, is_mpi
 from phalanx.env.node_addr import NodeAddr
@@ -22,7 +23,7 @@ from phalanx.env.torchrun import from_torchrun, is_torchrun
 class Launcher:
     """How to recognise one launcher's processes and read their geometry."""
 
-    name: str
+    name: LauncherName
     """ClusterEnv.launcher, and the value that forces it (--launcher, dist.launcher)."""
     detect: Callable[[Mapping[str, str]], bool]
     """True when the environment carries the launcher's variables."""
@@ -66,5 +67,4 @@ LAUNCHER_TABLE = (
     ),
 )
 
-LAUNCHERS = tuple(entry.name for entry in LAUNCHER_TABLE)
-"""Launcher names, in detection priority order (also the values of `--launcher`)."""
+__all__ = ["LAUNCHERS", "LAUNCHER_TABLE", "Launcher"]
