@@ -33,20 +33,19 @@ their loops' own host work (on CPU, 1 rank: what the Trainer's loop costs a step
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import resource
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from horovod_models import ModelFactory, model_factory
+from models import classifier
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -56,6 +55,7 @@ from phalanx.config import load
 from phalanx.train.strategy import ddp_buffer_sync  # the keyword this torch has, no warning
 
 RESULTS = Path(__file__).parent / "results"
+ModelFactory = Callable[[], nn.Module]
 SIDES = ("shim", "hand_ddp", "ddp", "ddp_log", "ddp_sync")
 """hand_ddp: a hand loop on torch's DDP; ddp: the Trainer, buffers per rank, as Horovod;
 ddp_log: the same, logging every --warmup steps inside the timed window (what logging costs);
@@ -293,7 +293,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sides", nargs="+", default=list(SIDES), help=f"of {SIDES}[:variant]")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU run: 1 rep, small CNN")
     parser.add_argument("--out", default="", help="JSON path (default benchmarks/results/...)")
-    parser.add_argument("--profile", default="", help="folder for rank 0's timelines (--reps 1)")
     parser.add_argument("overrides", nargs="*", help="train.x=y for both Trainer sides")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -306,29 +305,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
-def traced(folder: str, side: str, rank: int) -> Iterator[None]:
-    """--profile: the side's whole run under torch.profiler (CPU and CUDA), its timeline
-    written as FOLDER/SIDE.json by rank 0 (the optimizer's step annotations mark the steps)."""
-    if not folder or rank != 0:
-        yield
-        return
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
-        yield
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(Path(folder) / f"{side.replace(':', '_')}.json"))
-
-
 def main() -> None:
     args = parse()
     with phalanx.distributed(phalanx.DistConfig()) as d:
         hvd.init()  # adopts the group phalanx made (and a gloo group for CPU tensors)
-        name, build, image = model_factory(args.model)
+        name, build, image = classifier(args.model)
         batch = Batch(args.batch_size, image, d.device, d.env.rank)
         run_root = str(Path(tempfile.gettempdir()) / "phalanx-horovod-vs-ddp")  # not kept
         sides = list(dict.fromkeys(args.sides))
@@ -336,13 +317,12 @@ def main() -> None:
         for rep in range(args.reps):
             turn = rep % len(sides)
             for side in sides[turn:] + sides[:turn]:
-                with traced(args.profile, side, d.env.rank):
-                    if side == "shim":
-                        took = run_shim(build, batch, args, d.device)
-                    elif side == "hand_ddp":
-                        took = run_hand_ddp(build, batch, args, d.device)
-                    else:
-                        took = run_ddp(d, build, batch, args, run_root, side)
+                if side == "shim":
+                    took = run_shim(build, batch, args, d.device)
+                elif side == "hand_ddp":
+                    took = run_hand_ddp(build, batch, args, d.device)
+                else:
+                    took = run_ddp(d, build, batch, args, run_root, side)
                 spans[side].append(took)
         if d.env.is_main_process:
             write(args, name, d, {side: summary(s, args) for side, s in spans.items()})
