@@ -258,6 +258,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, default=Path("benchmarks/results/checkpoint_at_size.json")
     )
+    keep = "leave the page cache alone (a smoke run on a shared machine)"
+    parser.add_argument("--keep-caches", action="store_true", help=keep)
     parser.add_argument("overrides", nargs="*", help="config overrides for the worker (k=v)")
     return parser.parse_args()
 
@@ -281,10 +283,11 @@ def run_phases(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     trained = json.loads(train_json.read_text())
     files = [f for f in Path(trained["run_dir"]).rglob("*") if f.is_file()]
     ckpt = [f for f in files if "/checkpoints/" in str(f)]
-    dropped = drop_caches()
+    dropped = not args.keep_caches and drop_caches()
     read = {"bytes": sum(f.stat().st_size for f in ckpt), "cache_dropped": dropped,
             "direct_s": read_once(ckpt, direct=True)}  # fmt: skip
-    drop_caches()
+    if dropped:
+        drop_caches()
     resume_json = folder / "resume.json"
     t0 = time.time()
     torchrun(args.nproc, [*common, "bench.phase=resume", f"run.dir={trained['run_dir']}",

@@ -203,7 +203,7 @@ def worker_start(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as folder:
         script = Path(folder) / "worker_start_script.py"
         script.write_text(SCRIPT.replace("{line}", args.line))
-        for side in SIDES:  # warm the page cache, untimed
+        for side in SIDES[: args.warm * 2]:  # warm the page cache, untimed
             one_start(script, side, args.workers)
         for _ in range(args.reps):
             for side in SIDES:
@@ -234,6 +234,7 @@ def main() -> None:
     w = commands.add_parser("worker-start", help="worker start by the fork server's preload")
     w.add_argument("--reps", type=int, default=7)
     w.add_argument("--workers", type=int, default=4)
+    w.add_argument("--warm", type=int, choices=(0, 1), default=1, help="0: no untimed runs")
     w.add_argument("--line", default="from transformers import LlamaForCausalLM")
     w.add_argument("--out", type=Path, default=Path("benchmarks/results/worker_start.json"))
     args = parser.parse_args()

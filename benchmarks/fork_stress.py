@@ -4,7 +4,8 @@ many times, under CPU load, and count the runs that hang.
     python benchmarks/fork_stress.py [--runs 30] [--timeout 90] [--load 1]
         [--start fork forkserver] [--out benchmarks/results/fork_stress.json] [-- k=v ...]
 
-Each run is `phalanx run -n 2 benchmarks/fork_stress.py worker data.worker_start=S`: a tiny
+Each run is `phalanx run -n 2 benchmarks/fork_stress.py data.worker_start=S` with
+FORK_STRESS_WORKER=1 in its environment: a tiny
 Trainer (8 epochs, 2 loader workers per rank, an evaluation per epoch: 9 loader starts per rank,
 36 worker processes) whose rank 0 prints `forks=N` when the run is complete.
 Runs of the start methods alternate, so drift and load hit all alike. A run that outlives
@@ -39,6 +40,7 @@ from torch import nn
 
 HERE = Path(__file__).resolve().parent
 PHALANX = Path(sys.executable).parent / "phalanx"
+WORKER_ENV = "FORK_STRESS_WORKER"
 
 
 def descendants(root: int) -> list[int]:
@@ -73,12 +75,13 @@ def native_stacks(pids: list[int]) -> dict[int, str]:
 
 
 def one_run(start: str, args: argparse.Namespace, root: Path, index: int) -> dict[str, Any]:
-    cmd = [str(PHALANX), "run", "-n", "2", str(HERE / "fork_stress.py"), "worker",
+    cmd = [str(PHALANX), "run", "-n", "2", str(HERE / "fork_stress.py"),
            f"run.root={root}", *([f"data.worker_start={start}"] if start != "default" else []),
            *args.overrides]  # fmt: skip
     began = time.perf_counter()
+    env = {**os.environ, WORKER_ENV: "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, env=env)  # fmt: skip
     try:
         out, _ = proc.communicate(timeout=args.timeout)
         ok = proc.returncode == 0 and "forks=" in out
@@ -170,8 +173,8 @@ def worker(overrides: list[str]) -> None:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["worker"]:
-        worker(sys.argv[2:])
+    if os.environ.get(WORKER_ENV):  # a run's process (`phalanx run` rewrites its arguments)
+        worker(sys.argv[1:])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=30, help="runs per start method")
