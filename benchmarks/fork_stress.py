@@ -158,7 +158,9 @@ def worker(overrides: list[str]) -> None:
         "train.epochs=8", "data.batch_size=16", "data.num_workers=2", "train.progress=false",
         "train.log_every=1000", "checkpoint.every_steps=0", "checkpoint.at_end=false",
     ]  # fmt: skip
-    cfg = phalanx.parse_config(phalanx.TrainerConfig, [*base, *overrides])
+    # A worker's arguments are `--config FILE` (written with `base` applied): base no more.
+    argv = overrides if "--config" in overrides else [*base, *overrides]
+    cfg = phalanx.parse_config(phalanx.TrainerConfig, argv)
     with phalanx.distributed(cfg) as d:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
