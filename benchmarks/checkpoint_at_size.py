@@ -1,40 +1,18 @@
-"""Sharded checkpoints at size (issue 12, item 4): a training loop with FSDP on several GPUs
-saves ~20 GB of model + AdamW state, sync and async, then a fresh job resumes from it. The loop
-is hand-written on `phalanx.Checkpointer`, the protocol the Trainer runs (see the worker).
+"""Sharded checkpoints at size: an FSDP loop on several GPUs saves ~20 GB of model + AdamW
+state, sync and async, then a fresh job resumes from it (the worker: checkpoint_at_size_train.py).
 
     python benchmarks/checkpoint_at_size.py [--nproc 2] [--shape 20gb|small|tiny] [--reps 5]
-        [--modes sync,process,thread] [--dir /tmp/phalanx-ckpt-bench] [--dd-gib 4]
-        [--out benchmarks/results/checkpoint_at_size.json] [-- config overrides]
-    python benchmarks/checkpoint_at_size.py --nproc 2 --shape tiny --reps 1 --dd-gib 0.25  # CPU
+        [--modes sync,process,thread] [--dir FOLDER] [--dd-gib 4] [--out PATH] [-- overrides]
 
-One folder (`--dir`, on the disk under test) holds everything; in order:
-1. disk: `dd if=/dev/zero bs=16M` of `--dd-gib` GiB with oflag=direct, then with conv=fsync:
-   the sequential write speed the checkpoint writes are held against.
-2. train (`torchrun benchmarks/checkpoint_at_size_train.py`): per mode, `--reps` saves,
-   interleaved (each repetition starts with the next mode). Per save:
-   - baseline_step_s: median step time before the save, nothing in flight;
-   - blocked_s: the saving step's time (step + save call) - baseline. Sync: the whole save and
-     commit. Async: the copy to CPU (the first save of each writer also allocates the copy and
-     starts the writer: reported apart, marked first);
-   - slowdown_s: async, sum over the steps until the loop commits the save of (step -
-     baseline), the commit's own step included; cost_s = blocked + slowdown;
-     ratio = cost / the median sync save;
-   - write_s: the slowest rank's write (sync: DCP's save; async: save start to the end of the
-     write in the background, seen by a 50 ms poll); write_GBps = bytes / write_s;
-   - commit_s: `CheckpointStore.commit` on rank 0 (checksums, meta.json, rename);
-     commit_after_write_s: end of the commit - end of the slowest write;
-   - peak host memory during the save until its commit: system_used (MemTotal - MemAvailable,
-     the node), rss (the ranks together), writer_rss (writer processes), shm (/dev/shm used).
-3. read once: every file of the last checkpoint with dd iflag=direct (the disk, cold) after
-   dropping the page cache if allowed; after the resume, with cat (warm, from the page cache).
-4. resume: a fresh torchrun job, checkpoint.resume=auto: launch to the end of the first resumed
-   step (resume_s), with its parts (start: launch to main(); group; model_trainer_s: model,
-   optimizer and Checkpointer; load_s: `Checkpointer.resume()`, finding, verifying and loading
-   the checkpoint; first step).
-Prints a table (median, min..max, stdev) and the goals, writes every sample as JSON.
-
-Goals (issue 12): async blocked + slowdown <= 10% of a sync save; commit <= 1 s beyond the write;
-resume <= 1.2x the time to read the bytes once; write throughput >= 70% of dd's.
+In `--dir` (on the disk under test), in order: `dd` of `--dd-gib` GiB with oflag=direct and with
+conv=fsync (the write speed saves are held against); `--reps` saves per mode, interleaved, each
+timed as blocked (the saving step over the baseline step), slowdown (async: the extra time of
+the steps until the commit), write (slowest rank) and commit, with the host's peak memory;
+reading the last checkpoint once (cold with O_DIRECT after dropping the page cache unless
+`--keep-caches`; warm with cat); a fresh job resuming from it, launch to the end of its first
+step, by part. Prints a table (median, min..max, stdev) and the goals, writes JSON.
+Goals: async blocked + slowdown <= 10% of a sync save; commit <= 1 s beyond the write; resume
+<= 1.2x reading the bytes once; write throughput >= 70% of dd's.
 """
 
 from __future__ import annotations

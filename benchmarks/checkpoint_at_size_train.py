@@ -1,22 +1,15 @@
-"""Worker of benchmarks/checkpoint_at_size.py (run under torchrun; see that file for the numbers).
+"""Worker of benchmarks/checkpoint_at_size.py (run under torchrun; that file describes the numbers).
 
     torchrun --standalone --nproc_per_node=2 benchmarks/checkpoint_at_size_train.py \\
         bench.phase=train bench.shape=20gb bench.reps=5 bench.out=FILE [config overrides]
 
-The Llama-shaped decoder of benchmarks/models.py trained on random tokens by a hand-written
-loop on phalanx's public blocks: `wrap_model` (train.strategy=fsdp, bf16), and
-`phalanx.Checkpointer` for the saves, with sharded checkpoints: the same protocol the
-Trainer runs (save; all ranks agree through the per-step `ControlPlane` all-reduce that no rank
-is still writing; then `finish_pending` commits).
-
-phase=train: before each save the loop times `bench.baseline_steps` steps (no save in flight),
-then calls `Checkpointer.save`, then trains on until the loop commits the step. One Checkpointer
-per mode (sync; async with writer process or thread), kept across saves as the Trainer keeps its
-own, all on the benchmark's one `CheckpointStore`, whose methods are wrapped with timers (they
-still run): `commit`, and `partial_dir` / the first `write` of a save, which bracket the sync
-path's DCP write. A thread samples host memory. Every committed checkpoint but the last is
-deleted. phase=resume: a fresh job whose Checkpointer (checkpoint.resume=auto) `resume()`s, then
-one step; rank 0 reports the wall clock at each stage, from the launcher's `bench.t0`.
+A hand-written FSDP loop (`wrap_model`, bf16) on models.py's Llama-shaped decoder saves through
+`phalanx.Checkpointer`: the Trainer's protocol (save; the ranks agree through the per-step
+`ControlPlane` all-reduce that no rank is still writing; `finish_pending` commits). phase=train:
+per mode (sync, async with writer process or thread; one Checkpointer each, on one
+`CheckpointStore` whose methods are wrapped with timers) `bench.reps` saves, each after
+`bench.baseline_steps` timed steps; a thread samples host memory. phase=resume: a fresh job
+resumes (checkpoint.resume=auto) and trains one step; rank 0 reports the clock at each stage.
 """
 
 from __future__ import annotations

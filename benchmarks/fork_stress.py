@@ -1,20 +1,14 @@
-"""Fork-safety stress: repeat a short 2-rank training run whose loaders start worker processes
-many times, under CPU load, and count the runs that hang.
+"""Fork safety: repeat a short 2-rank training run whose loaders start worker processes many
+times, under CPU load, and count the runs that hang.
 
     python benchmarks/fork_stress.py [--runs 30] [--timeout 90] [--load 1]
-        [--start fork forkserver] [--out benchmarks/results/fork_stress.json] [-- k=v ...]
+        [--start fork forkserver] [--out PATH] [-- k=v ...]
 
-Each run is `phalanx run -n 2 benchmarks/fork_stress.py data.worker_start=S` with
-FORK_STRESS_WORKER=1 in its environment: a tiny
-Trainer (8 epochs, 2 loader workers per rank, an evaluation per epoch: 9 loader starts per rank,
-36 worker processes) whose rank 0 prints `forks=N` when the run is complete.
-Runs of the start methods alternate, so drift and load hit all alike. A run that outlives
-`--timeout` is a hang: before it is killed, gdb prints the native stack of every process of the
-run, and a process whose stack holds `PyOS_AfterFork_Child` is a child that never returned from
-fork(). Stacks go to `<out>.stacks/`. `--load K` keeps K busy-looping processes running (a
-loaded CI machine).
-Prints a table (runs, hangs, hangs inside fork, worker processes started by completed runs, run
-time median and spread) and writes JSON.
+Each run is `phalanx run -n 2` of this script with FORK_STRESS_WORKER=1: a tiny Trainer (8
+epochs, 2 loader workers per rank, an evaluation per epoch) whose rank 0 prints `forks=N`. The
+start methods alternate. A run that outlives `--timeout` is a hang: gdb prints the native stack
+of each of its processes into `<out>.stacks/` (`PyOS_AfterFork_Child` on a stack: a child that
+never returned from fork()). `--load K` keeps K busy processes running beside the runs.
 """
 
 from __future__ import annotations

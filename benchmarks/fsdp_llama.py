@@ -1,26 +1,18 @@
 """Large models: phalanx's Trainer with train.strategy=fsdp against a hand-written FSDP2 loop,
-same model (Llama-2-7B's shape at --size 7b), same step.
+the same model (Llama-2-7B's shape at --size 7b) and step.
 
     python benchmarks/fsdp_llama.py [--nproc 2] [--size 7b] [--pair-size 3b]
         [--variants eager,ac,compile] [--reps 3] [--seq 2048] [--out PATH] [-- overrides]
-    python benchmarks/fsdp_llama.py --size tiny --pair-size tiny --seq 64 --reps 1   # CPU smoke
 
-The baseline is this file's `hand` command (`hand_main`): the loop torchtitan's recipe gives for
-a model that does not fit one GPU, written out with torch alone: the model built on the meta
-device, `fully_shard` per block then the root (bf16 parameters, fp32 reduction), `to_empty`,
-`reset_parameters`; fused AdamW lr 3e-4, clip 1.0, bf16 autocast, random tokens; or DDP
-(`hand ddp`). 3 warm-up steps, then 10 timed between two device synchronisations.
-Cases, each a fresh `torchrun --standalone` (benchmarks/fsdp_llama_train.py for phalanx);
-every repetition runs all of them, starting one case later each time:
-- at `--size`: hand fsdp and phalanx fsdp (variant eager); with `ac`, both with full activation
-  checkpointing; with `compile`, phalanx train.compile=true (per-block compile, held against the
-  eager hand loop: goal +15%); `compile-ac` both.
-- at `--pair-size` (the DDP/FSDP crossover): hand ddp and fsdp, phalanx ddp and fsdp.
-Per case: step ms, tokens/s per GPU and MFU (6·N·tokens against 989 TFLOP/s), peak GPU memory
-(rank 0), each rank's peak host RSS (polled from here) and the wall time of the job; phalanx
-also reports seconds from launch to the end of its first step and each rank's host RSS beyond its
-parameter shard. Without CUDA both run on gloo in fp32. Prints a table (median, min..max) and
-the goals, writes JSON.
+The baseline is this file's `hand` command: torch alone, built as torchtitan builds a model that
+does not fit one GPU (meta device, `fully_shard` per block then the root with bf16 parameters
+and fp32 reduction, `to_empty`, `reset_parameters`), or DDP; fused AdamW, clip 1.0, bf16
+autocast, random tokens; 3 warm-up and 10 timed steps. The Trainer's side is
+fsdp_llama_train.py. Each case is a fresh torchrun; every repetition runs all cases, one later
+each time: hand and phalanx fsdp at `--size` (eager, `ac`: full activation checkpointing;
+`compile`: phalanx per-block compile), and at `--pair-size` ddp and fsdp of both (the
+crossover). Per case: step ms, tokens/s per GPU, MFU, peak GPU memory, each rank's peak host
+RSS and the job's wall time; phalanx also launch to first step. Without CUDA: gloo, fp32.
 """
 
 from __future__ import annotations

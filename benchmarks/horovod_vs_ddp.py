@@ -1,33 +1,20 @@
-"""Issue #14's acceptance: the Horovod synthetic benchmark under `phalanx.horovod` against the
-same model and batch trained by phalanx.Trainer with DDP; images/s per GPU within 5%.
+"""The Horovod shim against the Trainer: the Horovod synthetic benchmark under `phalanx.horovod`
+against the same model and batch trained by phalanx.Trainer with DDP (goal: within 5%).
 
-    torchrun --standalone --nproc_per_node=2 benchmarks/horovod_vs_ddp.py      # 2 GPUs, < 5 min
-    phalanx run -n 2 benchmarks/horovod_vs_ddp.py --smoke                       # CPU, seconds
+    torchrun --standalone --nproc_per_node=2 benchmarks/horovod_vs_ddp.py [--reps 5]
+        [--sides shim hand_ddp ddp ddp_log ddp_sync] [--model resnet18|small|linear] [--out PATH]
+    torchrun --standalone --nproc_per_node=1 benchmarks/horovod_vs_ddp.py --smoke   # CPU
 
-Up to five sides (--sides) run in the same processes, interleaved (the order rotates each
-repetition, so clock drift and a neighbour's load hit all alike) for --reps repetitions: the
-shim; a hand loop on torch's DDP (what DDP itself costs); the Trainer with
-`train.ddp_broadcast_buffers=false`, Horovod's semantics (each rank keeps its own BatchNorm
-statistics; the goal's comparison); the same logging every --warmup steps (the other Trainer
-sides log once, after the timed window, as the shim and the hand loop never do); and the
-Trainer with torch's default, which copies rank 0's buffers to every rank before each forward
-(priced here). Each repetition
-builds the model from seed 0 and trains --warmup untimed then --steps timed steps of one fixed
-batch per rank (SGD, lr 0.01 x world size, as examples/horovod/synthetic_benchmark.py): the
-shim through hvd.DistributedOptimizer, the Trainer through its own loop, whose data set yields
-only step indices (the batch is the same fixed tensor, so no side pays for data loading). A
-repetition's time is the slowest rank's. Rank 0 prints a table (median, spread, img/s per GPU;
-per step: wall ms, CPU ms of the thread that launches the kernels, and its voluntary context
-switches, "waits": a side whose CPU ms rose with its wall ms does more host work per step, one
-whose waits rose blocks somewhere) and writes JSON to benchmarks/results/.
-
---model: a torchvision model (resnet18 when torchvision is installed, else "small": the
-example's 3-layer CNN on 32x32 images, which keeps the fallback the example has), or "linear":
-one linear layer on 2x2 images, a step with almost no model work, so that the sides differ by
-their loops' own host work (on CPU, 1 rank: what the Trainer's loop costs a step, no GPU needed):
-
-    torchrun --standalone --nproc_per_node=1 benchmarks/horovod_vs_ddp.py --model linear \
-        --batch-size 2 --warmup 50 --steps 2000 --reps 7 --sides hand_ddp ddp
+The sides run in the same processes, interleaved (the order rotates each repetition): the shim
+(the example's loop with hvd.DistributedOptimizer); a hand loop on torch's DDP (the baseline:
+what DDP itself costs); the Trainer with per-rank BatchNorm statistics (Horovod's semantics, the
+goal's comparison), the same logging every --warmup steps (`ddp_log`), and with torch's default
+buffer broadcast (`ddp_sync`). Each repetition builds the model from seed 0 and trains --warmup
+untimed then --steps timed steps of one fixed batch per rank (SGD, lr 0.01 x world size, as
+examples/horovod/synthetic_benchmark.py); a repetition's time is the slowest rank's. Prints
+img/s per GPU (median, spread, paired by repetition) and per step the wall ms, the launching
+thread's CPU ms and its voluntary context switches; writes JSON. `--model linear` (one linear
+layer on 2x2 images) leaves the loops' own host work alone, on any CPU.
 """
 
 from __future__ import annotations
