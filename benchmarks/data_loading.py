@@ -230,13 +230,13 @@ def main() -> None:
     t.add_argument("--batches", type=int, default=200)
     t.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     t.add_argument("--hogs", type=int, default=0, help="processes spinning on the CPUs")
-    t.add_argument("--out", type=Path, default=Path("benchmarks/results/loader_take.json"))
+    t.add_argument("--out", type=Path, default=Path("benchmarks/results/data_loading_take.json"))
     w = commands.add_parser("worker-start", help="worker start by the fork server's preload")
     w.add_argument("--reps", type=int, default=7)
     w.add_argument("--workers", type=int, default=4)
     w.add_argument("--warm", type=int, choices=(0, 1), default=1, help="0: no untimed runs")
     w.add_argument("--line", default="from transformers import LlamaForCausalLM")
-    w.add_argument("--out", type=Path, default=Path("benchmarks/results/worker_start.json"))
+    w.add_argument("--out", type=Path, default=Path("benchmarks/results/data_loading_worker_start.json"))
     args = parser.parse_args()
     workers = [args.workers] if isinstance(args.workers, int) else args.workers
     if args.reps < 1 or min(workers) < 0:
