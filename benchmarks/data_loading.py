@@ -236,7 +236,8 @@ def main() -> None:
     w.add_argument("--workers", type=int, default=4)
     w.add_argument("--warm", type=int, choices=(0, 1), default=1, help="0: no untimed runs")
     w.add_argument("--line", default="from transformers import LlamaForCausalLM")
-    w.add_argument("--out", type=Path, default=Path("benchmarks/results/data_loading_worker_start.json"))
+    start_out = Path("benchmarks/results/data_loading_worker_start.json")
+    w.add_argument("--out", type=Path, default=start_out)
     args = parser.parse_args()
     workers = [args.workers] if isinstance(args.workers, int) else args.workers
     if args.reps < 1 or min(workers) < 0:
