@@ -1,27 +1,16 @@
-"""Sync vs async sharded checkpoint saves: how long training is blocked, and how much slower the
-steps run while the background write goes on.
+"""Sync vs async checkpoint saves on one device: how long training is blocked, and how much
+slower the steps run while the background write goes on.
 
     python benchmarks/checkpoint.py [--size-mb 300] [--reps 5] [--device cpu|cuda] [--threads 1]
-        [--batch 32] [--writers thread process] [--dir FOLDER]
-        [--out benchmarks/results/checkpoint.json]
-    python benchmarks/checkpoint.py --device cuda --size-mb 1500 --batch 4096  # the goal's setting
+        [--batch 32] [--writers thread process] [--dir FOLDER] [--out PATH]
 
-One process (a 1-rank gloo group, as under `phalanx run -n 1`) trains an MLP whose parameters
-plus AdamW moments make about `--size-mb` of state. Every repetition measures, interleaved (each
-of sync and the async writers goes first in turn, so drift hits all alike):
-- baseline: the median time of a training step with no save in flight;
-- sync: `save_sharded(...).wait()`, all of which blocks training;
-- async, per writer (`AsyncSaver(writer=thread|process)`, one saver each): `save(...)` returns
-  after the copy into CPU memory (blocked), then training steps run until the write is done;
-  slowdown = sum over those steps of (step - baseline), and any wait left after them counts as
-  blocked too. cost = blocked + slowdown; ratio = cost / sync.
-The first async save of each saver (allocation, writer start) is reported apart.
-Prints median and spread (min..max, stdev) and writes every sample as JSON.
-
-Goal (issue 5): on a GPU with >= 1 GB of state, async blocked + slowdown <= 10% of the sync save.
-On CPU it only has to run: the copy and the write compete with training for the same cores and
-memory bandwidth, so the ratio says little there. CPU mode trains on `--threads` (default 1)
-threads, leaving the other cores to the writer, as a GPU job leaves its host CPU free.
+One process trains an MLP whose parameters plus AdamW moments make about `--size-mb` of state.
+Every repetition, each side going first in turn: the baseline step; a synchronous
+`save_sharded(...).wait()` (all of it blocks); per async writer (`AsyncSaver(writer=...)`) the
+time `save` blocks (the copy to CPU) plus the slowdown of the steps that run during the write.
+cost = blocked + slowdown; ratio = cost / sync. First saves (allocation, writer start) are
+reported apart. Goal: on a GPU with >= 1 GB of state, ratio <= 10%. On CPU the writer competes
+with training for the same cores, so the ratio says little there.
 """
 
 from __future__ import annotations
@@ -178,7 +167,7 @@ def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--size-mb", type=float, default=300.0, help="model + optimizer state")
     parser.add_argument("--width", type=int, default=1024, help="width of the MLP layers")
-    parser.add_argument("--reps", type=int, default=5, help="repetitions (at least 5)")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions (5 or more to publish)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (CPU mode; see the docstring)"
@@ -228,7 +217,7 @@ def main() -> None:
             first |= async_save(saver, state, folder, step, step(), args.max_steps, name)
             shutil.rmtree(folder)
         print(json.dumps({"first_save": first}), flush=True)
-        for rep in range(max(args.reps, 5)):
+        for rep in range(args.reps):  # 5 or more for a published number
             samples.append(one_rep(rep, state, savers, step, scratch, args))
             print(json.dumps(samples[-1]), flush=True)
         for saver in savers.values():

@@ -1,45 +1,24 @@
-"""Sharded checkpoints at size (issue 12, item 4): a training loop with FSDP on several GPUs
-saves ~20 GB of model + AdamW state, sync and async, then a fresh job resumes from it. The loop
-is hand-written on `phalanx.Checkpointer`, the protocol the Trainer runs (see the worker).
+"""Sharded checkpoints at size: an FSDP loop on several GPUs saves ~20 GB of model + AdamW
+state, sync and async, then a fresh job resumes from it (the worker: checkpoint_at_size_train.py).
 
     python benchmarks/checkpoint_at_size.py [--nproc 2] [--shape 20gb|small|tiny] [--reps 5]
-        [--modes sync,process,thread] [--dir /tmp/phalanx-ckpt-bench] [--dd-gib 4]
-        [--out benchmarks/results/checkpoint_at_size.json] [-- config overrides]
-    python benchmarks/checkpoint_at_size.py --nproc 2 --shape tiny --reps 1 --dd-gib 0.25  # CPU
+        [--modes sync,process,thread] [--dir FOLDER] [--dd-gib 4] [--out PATH] [-- overrides]
 
-One folder (`--dir`, on the disk under test) holds everything; in order:
-1. disk: `dd if=/dev/zero bs=16M` of `--dd-gib` GiB with oflag=direct, then with conv=fsync:
-   the sequential write speed the checkpoint writes are held against.
-2. train (`torchrun benchmarks/checkpoint_at_size_train.py`): per mode, `--reps` saves,
-   interleaved (each repetition starts with the next mode). Per save:
-   - baseline_step_s: median step time before the save, nothing in flight;
-   - blocked_s: the saving step's time (step + save call) - baseline. Sync: the whole save and
-     commit. Async: the copy to CPU (the first save of each writer also allocates the copy and
-     starts the writer: reported apart, marked first);
-   - slowdown_s: async, sum over the steps until the loop commits the save of (step -
-     baseline), the commit's own step included; cost_s = blocked + slowdown;
-     ratio = cost / the median sync save;
-   - write_s: the slowest rank's write (sync: DCP's save; async: save start to the end of the
-     write in the background, seen by a 50 ms poll); write_GBps = bytes / write_s;
-   - commit_s: `CheckpointStore.commit` on rank 0 (checksums, meta.json, rename);
-     commit_after_write_s: end of the commit - end of the slowest write;
-   - peak host memory during the save until its commit: system_used (MemTotal - MemAvailable,
-     the node), rss (the ranks together), writer_rss (writer processes), shm (/dev/shm used).
-3. read once: every file of the last checkpoint with dd iflag=direct (the disk, cold) after
-   dropping the page cache if allowed; after the resume, with cat (warm, from the page cache).
-4. resume: a fresh torchrun job, checkpoint.resume=auto: launch to the end of the first resumed
-   step (resume_s), with its parts (start: launch to main(); group; model_trainer_s: model,
-   optimizer and Checkpointer; load_s: `Checkpointer.resume()`, finding, verifying and loading
-   the checkpoint; first step).
-Prints a table (median, min..max, stdev) and the goals, writes every sample as JSON.
-
-Goals (issue 12): async blocked + slowdown <= 10% of a sync save; commit <= 1 s beyond the write;
-resume <= 1.2x the time to read the bytes once; write throughput >= 70% of dd's.
+In `--dir` (on the disk under test), in order: `dd` of `--dd-gib` GiB with oflag=direct and with
+conv=fsync (the write speed saves are held against); `--reps` saves per mode, interleaved, each
+timed as blocked (the saving step over the baseline step), slowdown (async: the extra time of
+the steps until the commit), write (slowest rank) and commit, with the host's peak memory;
+reading the last checkpoint once (cold with O_DIRECT after dropping the page cache unless
+`--keep-caches`; warm with cat); a fresh job resuming from it, launch to the end of its first
+step, by part. Prints a table (median, min..max, stdev) and the goals, writes JSON.
+Goals: async blocked + slowdown <= 10% of a sync save; commit <= 1 s beyond the write; resume
+<= 1.2x reading the bytes once; write throughput >= 70% of dd's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -47,7 +26,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -59,6 +40,69 @@ KEYS = (
     "commit_s", "commit_after_write_s", "steps_during_write", "bytes_GB", "peak_system_used_gb",
     "peak_rss_gb", "peak_writer_rss_gb", "peak_shm_used_gb",
 )  # fmt: skip
+
+
+def status_kb(pid: int | str, key: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _children() -> list[str]:
+    pids: list[str] = []
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            pids += (task / "children").read_text().split()
+    return pids
+
+
+def host_memory() -> dict[str, float]:
+    """This process's RSS, its children's (the writer process), system use and /dev/shm, GB."""
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    shm = os.statvfs("/dev/shm")
+    return {
+        "rss_gb": status_kb("self", "VmRSS") / 1e6,
+        "children_rss_gb": sum(status_kb(pid, "VmRSS") for pid in _children()) / 1e6,
+        "system_used_gb": (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0]))
+        / 1e6,
+        "shm_used_gb": (shm.f_blocks - shm.f_bfree) * shm.f_frsize / 1e9,
+    }
+
+
+class HostSampler:
+    """Peaks of `host_memory()` since the last `reset`, sampled every 50 ms from a thread; also
+    when `watch()` (an async write in flight) first turns False."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, float] = {}
+        self.write_end: float | None = None
+        self._watch: Callable[[], bool] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="host-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def reset(self, watch: Callable[[], bool] | None) -> None:
+        with self._lock:
+            self.peaks, self.write_end, self._watch = host_memory(), None, watch
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            now = host_memory()
+            with self._lock:
+                self.peaks = {k: max(v, self.peaks.get(k, 0.0)) for k, v in now.items()}
+                if self._watch is not None and self.write_end is None and not self._watch():
+                    self.write_end = time.perf_counter()
 
 
 def timed_run(cmd: list[str]) -> float:
@@ -192,6 +236,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, default=Path("benchmarks/results/checkpoint_at_size.json")
     )
+    keep = "leave the page cache alone (a smoke run on a shared machine)"
+    parser.add_argument("--keep-caches", action="store_true", help=keep)
     parser.add_argument("overrides", nargs="*", help="config overrides for the worker (k=v)")
     return parser.parse_args()
 
@@ -215,10 +261,11 @@ def run_phases(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     trained = json.loads(train_json.read_text())
     files = [f for f in Path(trained["run_dir"]).rglob("*") if f.is_file()]
     ckpt = [f for f in files if "/checkpoints/" in str(f)]
-    dropped = drop_caches()
+    dropped = not args.keep_caches and drop_caches()
     read = {"bytes": sum(f.stat().st_size for f in ckpt), "cache_dropped": dropped,
             "direct_s": read_once(ckpt, direct=True)}  # fmt: skip
-    drop_caches()
+    if dropped:
+        drop_caches()
     resume_json = folder / "resume.json"
     t0 = time.time()
     torchrun(args.nproc, [*common, "bench.phase=resume", f"run.dir={trained['run_dir']}",

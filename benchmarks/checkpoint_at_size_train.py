@@ -1,22 +1,15 @@
-"""Worker of benchmarks/checkpoint_at_size.py (run under torchrun; see that file for the numbers).
+"""Worker of benchmarks/checkpoint_at_size.py (run under torchrun; that file describes the numbers).
 
     torchrun --standalone --nproc_per_node=2 benchmarks/checkpoint_at_size_train.py \\
         bench.phase=train bench.shape=20gb bench.reps=5 bench.out=FILE [config overrides]
 
-A Llama-style decoder (RMSNorm, rotary attention, SwiGLU, untied head) trained on synthetic
-tokens by a hand-written loop on phalanx's public blocks: `wrap_model` (train.strategy=fsdp,
-bf16), and `phalanx.Checkpointer` for the saves, with sharded checkpoints: the same protocol the
-Trainer runs (save; all ranks agree through the per-step `ControlPlane` all-reduce that no rank
-is still writing; then `finish_pending` commits).
-
-phase=train: before each save the loop times `bench.baseline_steps` steps (no save in flight),
-then calls `Checkpointer.save`, then trains on until the loop commits the step. One Checkpointer
-per mode (sync; async with writer process or thread), kept across saves as the Trainer keeps its
-own, all on the benchmark's one `CheckpointStore`, whose methods are wrapped with timers (they
-still run): `commit`, and `partial_dir` / the first `write` of a save, which bracket the sync
-path's DCP write. A thread samples host memory. Every committed checkpoint but the last is
-deleted. phase=resume: a fresh job whose Checkpointer (checkpoint.resume=auto) `resume()`s, then
-one step; rank 0 reports the wall clock at each stage, from the launcher's `bench.t0`.
+A hand-written FSDP loop (`wrap_model`, bf16) on models.py's Llama-shaped decoder saves through
+`phalanx.Checkpointer`: the Trainer's protocol (save; the ranks agree through the per-step
+`ControlPlane` all-reduce that no rank is still writing; `finish_pending` commits). phase=train:
+per mode (sync, async with writer process or thread; one Checkpointer each, on one
+`CheckpointStore` whose methods are wrapped with timers) `bench.reps` saves, each after
+`bench.baseline_steps` timed steps; a thread samples host memory. phase=resume: a fresh job
+resumes (checkpoint.resume=auto) and trains one step; rank 0 reports the clock at each stage.
 """
 
 from __future__ import annotations
@@ -30,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from checkpoint_at_size_host import HostSampler, host_memory, status_kb
-from checkpoint_at_size_model import SHAPES, Decoder, Tokens
+from checkpoint_at_size import HostSampler, host_memory, status_kb
+from models import LLAMA_SIZES, Tokens, llama
 from torch import nn
 
 import phalanx
@@ -50,7 +42,7 @@ class Bench:
     phase: str = "train"
     """train (the saves) or resume (one step from the newest checkpoint)."""
     shape: str = "20gb"
-    """Model shape: tiny, small or 20gb."""
+    """Model size (benchmarks/models.py's LLAMA_SIZES): tiny, small or 20gb."""
     seq: int = 2048
     """Tokens per sample."""
     reps: int = 5
@@ -91,18 +83,18 @@ class Parts:
         )  # fmt: skip
 
     def loader(self, state: phalanx.TrainState) -> Any:
-        tokens = Tokens(SHAPES[self.cfg.bench.shape][4], self.cfg.bench.seq)
+        vocab, seq = LLAMA_SIZES[self.cfg.bench.shape][4], self.cfg.bench.seq
+        tokens = Tokens(vocab, seq, 10**8, seeded=True)
         return make_train_loader(
             tokens, env=self.d.env, batch_size=self.cfg.data.batch_size, seed=self.cfg.train.seed,
             shuffle=False, num_workers=0, start=(state.epoch, state.global_index),
         )  # fmt: skip
 
-    def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def step(self, batch: torch.Tensor) -> None:
         """One optimizer step: bf16 autocast forward, backward, AdamW (as the Trainer's)."""
-        inputs, targets = (t.to(self.d.device, non_blocking=True) for t in batch)
+        batch = batch.to(self.d.device, non_blocking=True)
         with self.amp.autocast():
-            logits = self.model(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+            loss = self.model(batch[:, :-1], batch[:, 1:])
         self.amp.backward(loss)
         self.amp.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
@@ -112,7 +104,7 @@ def build(d: phalanx.Dist, cfg: BenchConfig) -> Parts:
     """The model wrapped as the Trainer wraps it (train.strategy=fsdp, train.precision)."""
     torch.manual_seed(0)
     with torch.device(d.device):
-        model = Decoder(cfg.bench.shape)
+        model = llama(cfg.bench.shape, cfg.bench.seq)
     train, cuda = cfg.train, d.device.type == "cuda"
     model = wrap_model(
         model, d, strategy=train.strategy, compile=train.compile, fsdp_units=train.fsdp_units,

@@ -1,18 +1,14 @@
-"""Fork-safety stress: repeat a short 2-rank training run whose loaders start worker processes
-many times, under CPU load, and count the runs that hang.
+"""Fork safety: repeat a short 2-rank training run whose loaders start worker processes many
+times, under CPU load, and count the runs that hang.
 
     python benchmarks/fork_stress.py [--runs 30] [--timeout 90] [--load 1]
-        [--start fork forkserver] [--out benchmarks/results/fork_stress.json] [-- k=v ...]
+        [--start fork forkserver] [--out PATH] [-- k=v ...]
 
-Each run is `phalanx run -n 2 benchmarks/fork_stress_train.py data.worker_start=S` (8 epochs,
-2 workers per rank, an evaluation per epoch: 9 loader starts per rank, 36 worker processes).
-Runs of the start methods alternate, so drift and load hit all alike. A run that outlives
-`--timeout` is a hang: before it is killed, gdb prints the native stack of every process of the
-run, and a process whose stack holds `PyOS_AfterFork_Child` is a child that never returned from
-fork(). Stacks go to `<out>.stacks/`. `--load K` keeps K busy-looping processes running (a
-loaded CI machine).
-Prints a table (runs, hangs, hangs inside fork, worker processes started by completed runs, run
-time median and spread) and writes JSON.
+Each run is `phalanx run -n 2` of this script with FORK_STRESS_WORKER=1: a tiny Trainer (8
+epochs, 2 loader workers per rank, an evaluation per epoch) whose rank 0 prints `forks=N`. The
+start methods alternate. A run that outlives `--timeout` is a hang: gdb prints the native stack
+of each of its processes into `<out>.stacks/` (`PyOS_AfterFork_Child` on a stack: a child that
+never returned from fork()). `--load K` keeps K busy processes running beside the runs.
 """
 
 from __future__ import annotations
@@ -33,8 +29,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
 HERE = Path(__file__).resolve().parent
 PHALANX = Path(sys.executable).parent / "phalanx"
+WORKER_ENV = "FORK_STRESS_WORKER"
 
 
 def descendants(root: int) -> list[int]:
@@ -69,12 +69,13 @@ def native_stacks(pids: list[int]) -> dict[int, str]:
 
 
 def one_run(start: str, args: argparse.Namespace, root: Path, index: int) -> dict[str, Any]:
-    cmd = [str(PHALANX), "run", "-n", "2", str(HERE / "fork_stress_train.py"),
+    cmd = [str(PHALANX), "run", "-n", "2", str(HERE / "fork_stress.py"),
            f"run.root={root}", *([f"data.worker_start={start}"] if start != "default" else []),
            *args.overrides]  # fmt: skip
     began = time.perf_counter()
+    env = {**os.environ, WORKER_ENV: "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, env=env)  # fmt: skip
     try:
         out, _ = proc.communicate(timeout=args.timeout)
         ok = proc.returncode == 0 and "forks=" in out
@@ -116,7 +117,61 @@ def summarize(results: list[dict[str, Any]], starts: list[str]) -> list[dict[str
     return rows
 
 
+class Points(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Synthetic regression samples, made in __getitem__ so the workers do real work."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + index)
+        x = torch.randn(8, generator=gen)
+        return x, x.sum(0, keepdim=True)
+
+
+def step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+
+
+def eval_step(
+    model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    x, y = batch
+    return {"sq_err": ((model(x) - y) ** 2).squeeze(1)}
+
+
+def worker(overrides: list[str]) -> None:
+    """One run (under `phalanx run`): what the loop repeats."""
+    import phalanx
+
+    base = [
+        "train.epochs=8", "data.batch_size=16", "data.num_workers=2", "train.progress=false",
+        "train.log_every=1000", "checkpoint.every_steps=0", "checkpoint.at_end=false",
+    ]  # fmt: skip
+    # A worker's arguments are `--config FILE` (written with `base` applied): base no more.
+    argv = overrides if "--config" in overrides else [*base, *overrides]
+    cfg = phalanx.parse_config(phalanx.TrainerConfig, argv)
+    with phalanx.distributed(cfg) as d:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+        trainer = phalanx.Trainer(
+            d, model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.01), train_step=step,
+            train_data=Points(256, 1), eval_data=Points(64, 2), eval_step=eval_step,
+        )  # fmt: skip
+        trainer.fit()
+        if d.env.is_main_process:
+            # One persistent start for training, one per evaluation (every epoch).
+            print(f"forks={1 + cfg.train.epochs}", flush=True)
+
+
 def main() -> None:
+    if os.environ.get(WORKER_ENV):  # a run's process (`phalanx run` rewrites its arguments)
+        worker(sys.argv[1:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=30, help="runs per start method")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds before a hang")

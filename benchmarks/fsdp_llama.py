@@ -1,24 +1,18 @@
-"""FSDP at 7B on 2 GPUs (issue 13, item 6): phalanx's Trainer with train.strategy=fsdp against the
-unmodified hand-written FSDP2 loop `../shared/bench/fsdp_ref.py`, same model, same step.
+"""Large models: phalanx's Trainer with train.strategy=fsdp against a hand-written FSDP2 loop,
+the same model (Llama-2-7B's shape at --size 7b) and step.
 
-    python benchmarks/fsdp_llama.py [--ref ../shared/bench/fsdp_ref.py] [--nproc 2] [--size 7b]
-        [--pair-size 3b] [--variants eager,ac,compile] [--reps 3] [--seq 2048]
-        [--out benchmarks/results/fsdp_llama.json] [-- config overrides for phalanx]
-    python benchmarks/fsdp_llama.py --size tiny --pair-size tiny --seq 64 --reps 1   # CPU smoke
+    python benchmarks/fsdp_llama.py [--nproc 2] [--size 7b] [--pair-size 3b]
+        [--variants eager,ac,compile] [--reps 3] [--seq 2048] [--out PATH] [-- overrides]
 
-Cases, each a fresh `torchrun --standalone` (benchmarks/fsdp_llama_train.py for phalanx, the
-reference as it is); every repetition runs all of them, starting one case later each time:
-- at `--size`: the reference `fsdp SIZE` and phalanx fsdp (variant eager); with `ac`, the
-  reference `--ac` and phalanx train.activation_checkpointing=full; with `compile`, phalanx
-  train.compile=true (per-block compile; held against the eager reference: goal +15%);
-  `compile-ac` both.
-- at `--pair-size` (the DDP/FSDP crossover): the reference ddp and fsdp, phalanx ddp and fsdp.
-Per case: step ms, tokens/s per GPU and MFU (the reference's formula: 6·N·tokens against 989
-TFLOP/s), peak GPU memory (torch.cuda.max_memory_allocated, rank 0), and, seen from here for
-both implementations, each rank's peak host RSS (VmHWM of torchrun's children, polled) and the
-wall time of the whole job. phalanx also reports seconds from launch to the end of its first step
-and each rank's host RSS beyond its local parameter shard. The reference needs CUDA: without it
-only phalanx runs (gloo, fp32). Prints a table (median, min..max) and the goals, writes JSON.
+The baseline is this file's `hand` command: torch alone, built as torchtitan builds a model that
+does not fit one GPU (meta device, `fully_shard` per block then the root with bf16 parameters
+and fp32 reduction, `to_empty`, `reset_parameters`), or DDP; fused AdamW, clip 1.0, bf16
+autocast, random tokens; 3 warm-up and 10 timed steps. The Trainer's side is
+fsdp_llama_train.py. Each case is a fresh torchrun; every repetition runs all cases, one later
+each time: hand and phalanx fsdp at `--size` (eager, `ac`: full activation checkpointing;
+`compile`: phalanx per-block compile), and at `--pair-size` ddp and fsdp of both (the
+crossover). Per case: step ms, tokens/s per GPU, MFU, peak GPU memory, each rank's peak host
+RSS and the job's wall time; phalanx also launch to first step. Without CUDA: gloo, fp32.
 """
 
 from __future__ import annotations
@@ -26,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -38,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from models import LLAMA_SIZES, PEAK_FLOPS, llama, llama_params
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "fsdp_llama_train.py"
@@ -56,11 +53,11 @@ def cases(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for variant in args.variants.split(","):
         assert variant in PHALANX_VARIANTS, f"--variants: {variant} not in {list(PHALANX_VARIANTS)}"
-        if cuda and variant in ("eager", "ac"):
-            out.append(dict(impl="ref", mode="fsdp", size=args.size, variant=variant))
+        if variant in ("eager", "ac"):
+            out.append(dict(impl="hand", mode="fsdp", size=args.size, variant=variant))
         out.append(dict(impl="phalanx", mode="fsdp", size=args.size, variant=variant))
     if args.pair_size:
-        for impl in ("ref", "phalanx") if cuda else ("phalanx",):
+        for impl in ("hand", "phalanx"):
             for mode in ("ddp", "fsdp"):
                 out.append(dict(impl=impl, mode=mode, size=args.pair_size, variant="eager"))
     for case in out:
@@ -71,9 +68,10 @@ def cases(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
 def command(case: dict[str, Any], args: argparse.Namespace, cuda: bool, root: str) -> list[str]:
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={args.nproc}"]  # fmt: skip
-    if case["impl"] == "ref":
+    if case["impl"] == "hand":
         ac = ["--ac"] if case["variant"] == "ac" else []
-        return [*run, str(args.ref), case["mode"], case["size"], *ac, "--seq", str(args.seq)]
+        hand = [case["mode"], case["size"], *ac, "--seq", str(args.seq)]
+        return [*run, str(Path(__file__).resolve()), "hand", *hand]
     overrides = [
         f"bench.size={case['size']}", f"bench.seq={args.seq}", f"bench.t0={time.time()}",
         f"train.strategy={case['mode']}", f"train.precision={'bf16' if cuda else 'fp32'}",
@@ -81,6 +79,101 @@ def command(case: dict[str, Any], args: argparse.Namespace, cuda: bool, root: st
         *PHALANX_VARIANTS[case["variant"]], *args.overrides,
     ]  # fmt: skip
     return [*run, str(WORKER), *overrides]
+
+
+def hand_build(mode: str, size: str, seq: int, ac: bool, dev: torch.device) -> torch.nn.Module:
+    """The baseline's model: built on the meta device, sharded (or DDP), materialised on `dev`."""
+    with torch.device("meta"):
+        model = llama(size, seq)
+    if ac:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            checkpoint_wrapper,
+        )
+
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+    if mode == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        low = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        mp = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+        for block in model.blocks:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    model.to_empty(device=dev)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [dev.index] if dev.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+    return model
+
+
+def hand_main(argv: list[str]) -> None:
+    """The hand-written baseline, one rank of it (under torchrun): prints one JSON line."""
+    parser = argparse.ArgumentParser(prog="fsdp_llama.py hand")
+    parser.add_argument("mode", choices=("fsdp", "ddp"))
+    parser.add_argument("size", choices=sorted(LLAMA_SIZES))
+    parser.add_argument("--ac", action="store_true")
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=1)
+    args, (warmup, steps) = parser.parse_args(argv), (3, 10)
+    cuda = torch.cuda.is_available()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, local = dist.get_rank(), int(os.environ["LOCAL_RANK"])
+    dev = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    n_params = llama_params(args.size, args.seq)
+    vocab = LLAMA_SIZES[args.size][4]
+    out: dict[str, Any] = {"impl": "hand", "mode": args.mode, "size": args.size,
+                           "params_B": round(n_params / 1e9, 3), "world": dist.get_world_size(),
+                           "ac": args.ac, "seq": args.seq, "batch": args.batch}  # fmt: skip
+    try:
+        model = hand_build(args.mode, args.size, args.seq, args.ac, dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=cuda)
+        g = torch.Generator().manual_seed(rank)
+
+        def step() -> torch.Tensor:
+            x = torch.randint(0, vocab, (args.batch, args.seq + 1), generator=g)
+            x = x.to(dev, non_blocking=True)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
+                loss: torch.Tensor = model(x[:, :-1], x[:, 1:])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        for _ in range(warmup):
+            step()
+        began = synced(dev)
+        for _ in range(steps):
+            loss = step()
+        step_s = (synced(dev) - began) / steps
+        tok_gpu = args.batch * args.seq / step_s
+        out.update(step_ms=round(step_s * 1e3, 1), tok_per_s_per_gpu=round(tok_gpu),
+                   mfu_vs_989T=round(tok_gpu * 6 * n_params / PEAK_FLOPS, 3),
+                   loss=round(float(loss), 3))  # fmt: skip
+    except torch.OutOfMemoryError:
+        out["error"] = "OOM"
+    if cuda:
+        out["peak_mem_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    if rank == 0:
+        print(json.dumps(out), flush=True)
+    dist.destroy_process_group()
+
+
+def synced(dev: torch.device) -> float:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter()
 
 
 def _ranks(torchrun_pid: int) -> list[int]:
@@ -159,19 +252,19 @@ def _median(table: dict[str, Any], name: str, key: str) -> float | None:
 def goals(table: dict[str, Any], size: str) -> dict[str, tuple[str, bool]]:
     out: dict[str, tuple[str, bool]] = {}
     for variant in ("eager", "ac"):
-        ours, ref = f"phalanx fsdp {size} {variant}", f"ref fsdp {size} {variant}"
+        ours, ref = f"phalanx fsdp {size} {variant}", f"hand fsdp {size} {variant}"
         tok, ref_tok = (
             _median(table, ours, "tok_per_s_per_gpu"),
             _median(table, ref, "tok_per_s_per_gpu"),
         )
         if tok and ref_tok:
-            out[f"{variant}: tokens/s >= 100% of the reference"] = (
+            out[f"{variant}: tokens/s >= 100% of the hand loop"] = (
                 f"{tok / ref_tok:.1%}",
                 tok >= ref_tok,
             )
         mem, ref_mem = _median(table, ours, "peak_mem_GiB"), _median(table, ref, "peak_mem_GiB")
         if mem and ref_mem:
-            out[f"{variant}: peak GPU memory <= reference + 5%"] = (
+            out[f"{variant}: peak GPU memory <= hand loop + 5%"] = (
                 f"{mem:.2f} vs {ref_mem:.2f} GiB",
                 mem <= 1.05 * ref_mem,
             )
@@ -183,9 +276,9 @@ def goals(table: dict[str, Any], size: str) -> dict[str, tuple[str, bool]]:
     if first is not None:
         out["launch to first step <= 15 s"] = (f"{first:.1f} s", first <= 15.0)
     compiled = _median(table, f"phalanx fsdp {size} compile", "tok_per_s_per_gpu")
-    ref_tok = _median(table, f"ref fsdp {size} eager", "tok_per_s_per_gpu")
+    ref_tok = _median(table, f"hand fsdp {size} eager", "tok_per_s_per_gpu")
     if compiled and ref_tok:
-        out["per-block compile >= 115% of the eager reference"] = (
+        out["per-block compile >= 115% of the eager hand loop"] = (
             f"{compiled / ref_tok:.1%} ({compiled:.0f} tokens/s/GPU)",
             compiled >= 1.15 * ref_tok,
         )
@@ -217,9 +310,8 @@ def report(result: dict[str, Any]) -> None:
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--ref", type=Path, default=HERE.parent.parent / "shared/bench/fsdp_ref.py")
     parser.add_argument("--nproc", type=int, default=2, help="ranks (GPUs) on this node")
-    parser.add_argument("--size", default="7b", help="tiny, 125m, 1b, 3b or 7b")
+    parser.add_argument("--size", default="7b", choices=sorted(LLAMA_SIZES))
     parser.add_argument("--pair-size", default="3b", help="DDP/FSDP crossover size; '' skips it")
     parser.add_argument(
         "--variants", default="eager,ac,compile", help="of eager,ac,compile,compile-ac"
@@ -242,10 +334,11 @@ def machine() -> dict[str, Any]:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["hand"]:
+        hand_main(sys.argv[2:])
+        return
     args = parse()
     cuda = torch.cuda.is_available()
-    if cuda and not args.ref.is_file():
-        sys.exit(f"--ref {args.ref} does not exist; pass the path of fsdp_ref.py")
     info = machine()
     print(json.dumps(info), flush=True)
     plan, samples, began = cases(args, cuda), [], time.perf_counter()

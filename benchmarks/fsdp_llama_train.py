@@ -1,15 +1,15 @@
 """Worker of benchmarks/fsdp_llama.py: phalanx.Trainer on the Llama-shaped decoder of
-`../shared/bench/fsdp_ref.py` (benchmarks/fsdp_llama_model.py), given as a meta-device factory.
+benchmarks/models.py, given as a meta-device factory.
 
     torchrun --standalone --nproc_per_node=2 benchmarks/fsdp_llama_train.py bench.size=7b \\
         train.strategy=fsdp [train.activation_checkpointing=full] [train.compile=true] [...]
 
-Same step as the reference: batch 1 per GPU, seq 2048, synthetic tokens, bf16 (FSDP2 bf16
-parameters, fp32 reduction, autocast on top), fused AdamW lr 3e-4, clip 1.0; 3 warm-up steps,
-then 10 timed between two CUDA synchronisations. The Trainer logs only after the last step.
-Rank 0 prints one JSON line in the reference's format, plus: host memory per rank (peak RSS,
-the local parameter shard's bytes), seconds from launch (`bench.t0`) and from main() to the end
-of the first step, and the Trainer's construction time (model build, init, sharding).
+Same step as the hand loop (`fsdp_llama.py hand`): batch 1 per GPU, seq 2048, random tokens,
+bf16 (FSDP2 bf16 parameters, fp32 reduction, autocast on top), fused AdamW lr 3e-4, clip 1.0; 3
+warm-up steps, then 10 timed between two CUDA synchronisations. The Trainer logs only after the
+last step. Rank 0 prints one JSON line with the hand loop's keys, plus: host memory per rank
+(peak RSS, the local parameter shard's bytes), seconds from launch (`bench.t0`) and from main()
+to the end of the first step, and the Trainer's construction time (model build, init, sharding).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fsdp_llama_model import SIZES, VOCAB, Decoder, num_params
+from models import LLAMA_SIZES, PEAK_FLOPS, Tokens, llama, llama_params, lm_step
 from torch import nn
 
 import phalanx
@@ -44,13 +44,13 @@ STARTED = process_start()
 @dataclass(frozen=True, kw_only=True)
 class Bench:
     size: str = "7b"
-    """Model size: tiny, 125m, 1b, 3b or 7b (the reference's)."""
+    """Model size: a key of benchmarks/models.py's LLAMA_SIZES."""
     seq: int = 2048
     """Tokens per sample."""
     warmup: int = 3
-    """Untimed steps (the reference's WARMUP)."""
+    """Untimed steps (as the hand loop's)."""
     steps: int = 10
-    """Timed steps (the reference's STEPS)."""
+    """Timed steps (as the hand loop's)."""
     t0: float = 0.0
     """time.time() when the launcher started torchrun (0: this process's start)."""
 
@@ -87,19 +87,6 @@ class Config(phalanx.TrainerConfig):
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
 
 
-class Tokens(torch.utils.data.Dataset[torch.Tensor]):
-    """Random windows of seq + 1 tokens (the reference draws them the same way, per step)."""
-
-    def __init__(self, seq: int, count: int) -> None:
-        self.seq, self.count = seq, count
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.randint(0, VOCAB, (self.seq + 1,))
-
-
 class Marks(phalanx.Callback):
     """Wall clock at the end of step 1 and around the timed steps, after a CUDA sync."""
 
@@ -113,10 +100,6 @@ class Marks(phalanx.Callback):
             if trainer.handle.device.type == "cuda":
                 torch.cuda.synchronize()
             self.at[step] = time.time()
-
-
-def lm_step(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    return model(batch[:, :-1].contiguous(), batch[:, 1:].contiguous())  # type: ignore[no-any-return]
 
 
 def status_kb(key: str) -> int:
@@ -141,8 +124,8 @@ def train(d: phalanx.Dist, cfg: Config, record: dict[str, Any]) -> None:
     count = cfg.data.batch_size * d.env.world_size * (bench.warmup + bench.steps + 1)
     built = time.time()
     trainer = phalanx.Trainer(
-        d, config=cfg, model=lambda: Decoder(bench.size, bench.seq),
-        train_data=Tokens(bench.seq, count), train_step=lm_step,
+        d, config=cfg, model=lambda: llama(bench.size, bench.seq),
+        train_data=Tokens(LLAMA_SIZES[bench.size][4], bench.seq, count), train_step=lm_step,
         optimizer=lambda p: torch.optim.AdamW(p, lr=3e-4, fused=cuda), callbacks=[marks],
     )  # fmt: skip
     record["trainer_s"] = time.time() - built
@@ -153,7 +136,7 @@ def train(d: phalanx.Dist, cfg: Config, record: dict[str, Any]) -> None:
     tok_gpu = cfg.data.batch_size * bench.seq / step_s
     record.update(
         step_ms=round(step_s * 1e3, 1), tok_per_s_per_gpu=round(tok_gpu),
-        mfu_vs_989T=round(tok_gpu * 6 * num_params(bench.size, bench.seq) / 989e12, 3),
+        mfu_vs_989T=round(tok_gpu * 6 * llama_params(bench.size, bench.seq) / PEAK_FLOPS, 3),
         loss=round(float(history[-1]["loss"]), 3),
         launch_to_first_step_s=marks.at[1] - (bench.t0 or STARTED),
         process_to_first_step_s=marks.at[1] - STARTED,
@@ -164,10 +147,10 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     cfg = phalanx.parse_config(Config)
     train_cfg, bench = cfg.train, cfg.bench
-    assert bench.size in SIZES, f"bench.size={bench.size} is not one of {sorted(SIZES)}"
+    assert bench.size in LLAMA_SIZES, f"bench.size={bench.size}: one of {sorted(LLAMA_SIZES)}"
     out: dict[str, Any] = {
         "impl": "phalanx", "mode": train_cfg.strategy, "size": bench.size,
-        "params_B": round(num_params(bench.size, bench.seq) / 1e9, 3),
+        "params_B": round(llama_params(bench.size, bench.seq) / 1e9, 3),
         "ac": train_cfg.activation_checkpointing, "compile": train_cfg.compile,
         "seq": bench.seq, "batch": cfg.data.batch_size,
     }  # fmt: skip

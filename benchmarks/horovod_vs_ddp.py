@@ -1,52 +1,38 @@
-"""Issue #14's acceptance: the Horovod synthetic benchmark under `phalanx.horovod` against the
-same model and batch trained by phalanx.Trainer with DDP; images/s per GPU within 5%.
+"""The Horovod shim against the Trainer: the Horovod synthetic benchmark under `phalanx.horovod`
+against the same model and batch trained by phalanx.Trainer with DDP (goal: within 5%).
 
-    torchrun --standalone --nproc_per_node=2 benchmarks/horovod_vs_ddp.py      # 2 GPUs, < 5 min
-    phalanx run -n 2 benchmarks/horovod_vs_ddp.py --smoke                       # CPU, seconds
+    torchrun --standalone --nproc_per_node=2 benchmarks/horovod_vs_ddp.py [--reps 5]
+        [--sides shim hand_ddp ddp ddp_log ddp_sync] [--model resnet18|small|linear] [--out PATH]
+    torchrun --standalone --nproc_per_node=1 benchmarks/horovod_vs_ddp.py --smoke   # CPU
 
-Up to five sides (--sides) run in the same processes, interleaved (the order rotates each
-repetition, so clock drift and a neighbour's load hit all alike) for --reps repetitions: the
-shim; a hand loop on torch's DDP (what DDP itself costs); the Trainer with
-`train.ddp_broadcast_buffers=false`, Horovod's semantics (each rank keeps its own BatchNorm
-statistics; the goal's comparison); the same logging every --warmup steps (the other Trainer
-sides log once, after the timed window, as the shim and the hand loop never do); and the
-Trainer with torch's default, which copies rank 0's buffers to every rank before each forward
-(priced here). Each repetition
-builds the model from seed 0 and trains --warmup untimed then --steps timed steps of one fixed
-batch per rank (SGD, lr 0.01 x world size, as examples/horovod/synthetic_benchmark.py): the
-shim through hvd.DistributedOptimizer, the Trainer through its own loop, whose data set yields
-only step indices (the batch is the same fixed tensor, so no side pays for data loading). A
-repetition's time is the slowest rank's. Rank 0 prints a table (median, spread, img/s per GPU;
-per step: wall ms, CPU ms of the thread that launches the kernels, and its voluntary context
-switches, "waits": a side whose CPU ms rose with its wall ms does more host work per step, one
-whose waits rose blocks somewhere) and writes JSON to benchmarks/results/.
-
---model: a torchvision model (resnet18 when torchvision is installed, else "small": the
-example's 3-layer CNN on 32x32 images, which keeps the fallback the example has), or "linear":
-one linear layer on 2x2 images, a step with almost no model work, so that the sides differ by
-their loops' own host work (on CPU, 1 rank: what the Trainer's loop costs a step, no GPU needed):
-
-    torchrun --standalone --nproc_per_node=1 benchmarks/horovod_vs_ddp.py --model linear \
-        --batch-size 2 --warmup 50 --steps 2000 --reps 7 --sides hand_ddp ddp
+The sides run in the same processes, interleaved (the order rotates each repetition): the shim
+(the example's loop with hvd.DistributedOptimizer); a hand loop on torch's DDP (the baseline:
+what DDP itself costs); the Trainer with per-rank BatchNorm statistics (Horovod's semantics, the
+goal's comparison), the same logging every --warmup steps (`ddp_log`), and with torch's default
+buffer broadcast (`ddp_sync`). Each repetition builds the model from seed 0 and trains --warmup
+untimed then --steps timed steps of one fixed batch per rank (SGD, lr 0.01 x world size, as
+examples/horovod/synthetic_benchmark.py); a repetition's time is the slowest rank's. Prints
+img/s per GPU (median, spread, paired by repetition) and per step the wall ms, the launching
+thread's CPU ms and its voluntary context switches; writes JSON. `--model linear` (one linear
+layer on 2x2 images) leaves the loops' own host work alone, on any CPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import resource
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from horovod_models import ModelFactory, model_factory
+from models import classifier
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -56,6 +42,7 @@ from phalanx.config import load
 from phalanx.train.strategy import ddp_buffer_sync  # the keyword this torch has, no warning
 
 RESULTS = Path(__file__).parent / "results"
+ModelFactory = Callable[[], nn.Module]
 SIDES = ("shim", "hand_ddp", "ddp", "ddp_log", "ddp_sync")
 """hand_ddp: a hand loop on torch's DDP; ddp: the Trainer, buffers per rank, as Horovod;
 ddp_log: the same, logging every --warmup steps inside the timed window (what logging costs);
@@ -293,7 +280,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sides", nargs="+", default=list(SIDES), help=f"of {SIDES}[:variant]")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU run: 1 rep, small CNN")
     parser.add_argument("--out", default="", help="JSON path (default benchmarks/results/...)")
-    parser.add_argument("--profile", default="", help="folder for rank 0's timelines (--reps 1)")
     parser.add_argument("overrides", nargs="*", help="train.x=y for both Trainer sides")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -306,29 +292,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
-def traced(folder: str, side: str, rank: int) -> Iterator[None]:
-    """--profile: the side's whole run under torch.profiler (CPU and CUDA), its timeline
-    written as FOLDER/SIDE.json by rank 0 (the optimizer's step annotations mark the steps)."""
-    if not folder or rank != 0:
-        yield
-        return
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
-        yield
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(Path(folder) / f"{side.replace(':', '_')}.json"))
-
-
 def main() -> None:
     args = parse()
     with phalanx.distributed(phalanx.DistConfig()) as d:
         hvd.init()  # adopts the group phalanx made (and a gloo group for CPU tensors)
-        name, build, image = model_factory(args.model)
+        name, build, image = classifier(args.model)
         batch = Batch(args.batch_size, image, d.device, d.env.rank)
         run_root = str(Path(tempfile.gettempdir()) / "phalanx-horovod-vs-ddp")  # not kept
         sides = list(dict.fromkeys(args.sides))
@@ -336,13 +304,12 @@ def main() -> None:
         for rep in range(args.reps):
             turn = rep % len(sides)
             for side in sides[turn:] + sides[:turn]:
-                with traced(args.profile, side, d.env.rank):
-                    if side == "shim":
-                        took = run_shim(build, batch, args, d.device)
-                    elif side == "hand_ddp":
-                        took = run_hand_ddp(build, batch, args, d.device)
-                    else:
-                        took = run_ddp(d, build, batch, args, run_root, side)
+                if side == "shim":
+                    took = run_shim(build, batch, args, d.device)
+                elif side == "hand_ddp":
+                    took = run_hand_ddp(build, batch, args, d.device)
+                else:
+                    took = run_ddp(d, build, batch, args, run_root, side)
                 spans[side].append(took)
         if d.env.is_main_process:
             write(args, name, d, {side: summary(s, args) for side, s in spans.items()})

@@ -1,0 +1,252 @@
+"""Data loading: what a batch costs the training process, made in it or taken from DataLoader
+workers (`take`), and what starting workers from phalanx's fork server costs by what the server
+preloads (`worker-start`).
+
+    python benchmarks/data_loading.py take [--reps 5] [--batches 200] [--workers 0 1 2]
+        [--hogs N] [--out PATH]
+    python benchmarks/data_loading.py worker-start [--reps 7] [--workers 4]
+        [--line "from x.y import Z"] [--out PATH]
+
+`take`: two in-memory data sets, `tokens` (GPT-2 batches: 8 windows of 1,025 random int64
+tokens) and `images` (64 FashionMNIST-shaped samples: a uint8 28x28 slice made float and
+normalised, as examples/fashion_mnist.py does). For each number of workers a persistent
+DataLoader is built, 20 batches warm it up, then `--batches` batches are timed: the calling
+thread's CPU time and the process's (all its threads; the workers are other processes), per
+batch. While no batch is ready the caller waits, which costs no CPU, so both are the take's own
+cost. Then the wall time of a take that finds its batch ready (with workers: 20 rounds of a
+0.1 s pause, then that many takes). `--hogs N`: N processes spin on the CPUs throughout, as
+other jobs on a shared node would. The settings' order rotates with each repetition.
+
+`worker-start`: workers fork from the fork server, then re-run the main script's imports to
+unpickle what it defines. A script starting with `--line` (default `from transformers import
+LlamaForCausalLM`) makes each worker import that module unless the server imported it first.
+Two sides, each a fresh interpreter running the same script (a data set defined in it,
+`--workers` workers through `phalanx.data.make_eval_loader`, every batch taken once):
+`modules`, the server preloads the modules the script's names come from (phalanx's default),
+against `packages`, only their top-level packages (the baseline: `forking.script_modules` cut
+to package names). Sides alternate in every repetition; measured per run: the process's wall
+time and the machine's busy CPU time over it (from /proc/stat: the fork server's children are
+not the parent's, so rusage misses them) - run it on an otherwise idle machine.
+Both print medians (min..max) and write JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from models import Tokens
+from torch.utils.data import DataLoader, Dataset
+
+
+class Images(Dataset[tuple[torch.Tensor, int]]):
+    """FashionMNIST's shape held in memory (random pixels): a sample is a slice and a cast."""
+
+    def __init__(self, count: int) -> None:
+        self.pixels = torch.randint(0, 256, (count, 28, 28), dtype=torch.uint8)
+
+    def __len__(self) -> int:
+        return len(self.pixels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return (self.pixels[index].float().div_(255.0) - 0.286) / 0.353, index % 10
+
+
+DATA: dict[str, tuple[Any, int]] = {
+    "tokens": (lambda: Tokens(50257, 1024, 8 * 2000), 8),
+    "images": (lambda: Images(64 * 500), 64),
+}
+
+
+def one(name: str, workers: int, batches: int) -> dict[str, float]:
+    make, batch_size = DATA[name]
+    loader = DataLoader(make(), batch_size=batch_size, shuffle=True, num_workers=workers,
+                        persistent_workers=workers > 0)  # fmt: skip
+    it = iter(loader)
+    for _ in range(20):
+        next(it)
+    thread, process, wall = time.thread_time(), time.process_time(), time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    done = {
+        "thread_ms": (time.thread_time() - thread) * 1e3 / batches,
+        "process_ms": (time.process_time() - process) * 1e3 / batches,
+        "samples_per_s": batches * batch_size / (time.perf_counter() - wall),
+        "ready_take_ms": statistics.median(ready_takes(it, workers)),
+    }
+    del it, loader
+    return done
+
+
+def ready_takes(it: Any, workers: int) -> list[float]:
+    """Wall ms of takes whose batch is ready (see the module docstring)."""
+    rounds, per_round = (20, 2 * workers) if workers else (1, 40)
+    times = []
+    for _ in range(rounds):
+        if workers:
+            time.sleep(0.1)  # a measurement's pause: the workers' queue fills meanwhile
+        for _ in range(per_round):
+            began = time.perf_counter()
+            next(it)
+            times.append((time.perf_counter() - began) * 1e3)
+    return times
+
+
+def spin() -> None:
+    while True:
+        pass
+
+
+def take(args: argparse.Namespace) -> None:
+    hogs = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.hogs)]
+    for hog in hogs:
+        hog.start()
+    try:
+        runs = measure(args)
+    finally:
+        for hog in hogs:
+            hog.terminate()
+            hog.join()
+    take_report(args, runs)
+
+
+def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
+    settings = [(name, w) for name in DATA for w in args.workers]
+    runs: dict[str, list[dict[str, float]]] = {f"{n} {w}": [] for n, w in settings}
+    for rep in range(args.reps):
+        k = rep % len(settings)
+        for name, workers in settings[k:] + settings[:k]:
+            runs[f"{name} {workers}"].append(one(name, workers, args.batches))
+    return runs
+
+
+def take_report(args: argparse.Namespace, runs: dict[str, list[dict[str, float]]]) -> None:
+    print(f"torch {torch.__version__}, {args.reps} reps of {args.batches} batches, {args.hogs} "
+          f"spinning processes; ms per batch: median (min..max)")  # fmt: skip
+    print(f"{'data':<8}{'workers':>8}{'thread CPU':>22}{'process CPU':>22}{'ready take wall':>22}"
+          f"{'samples/s':>11}")  # fmt: skip
+    for key, reps in runs.items():
+        name, workers = key.split()
+        cells = []
+        for metric in ("thread_ms", "process_ms", "ready_take_ms"):
+            values = [r[metric] for r in reps]
+            cells.append(f"{statistics.median(values):.3f} ({min(values):.3f}..{max(values):.3f})")
+        rate = statistics.median(r["samples_per_s"] for r in reps)
+        print(f"{name:<8}{workers:>8}{cells[0]:>22}{cells[1]:>22}{cells[2]:>22}{rate:>11.0f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "args": vars(args) | {"out": str(args.out)}, "runs": runs}  # fmt: skip
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+SCRIPT = """
+import sys
+import warnings
+
+import torch
+from torch.utils.data import Dataset
+
+import phalanx.dist.forking as forking
+from phalanx.data import make_eval_loader
+from phalanx.env import detect
+{line}  # noqa: F401  (the import every worker repeats)
+
+
+class Rows(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        return torch.full((4,), float(index))
+
+
+if __name__ == "__main__":
+    warnings.filterwarnings("ignore", message="This DataLoader will create")  # more than cores
+    if sys.argv[1] == "packages":
+        modules = forking.script_modules
+        forking.script_modules = lambda: sorted({name.split(".")[0] for name in modules()})
+    forking.prefer_forkserver()
+    loader = make_eval_loader(Rows(), env=detect(), batch_size=8, num_workers=int(sys.argv[2]))
+    assert sum(batch.shape[0] for batch in loader) == 64
+"""
+SIDES = ("modules", "packages")
+
+
+def busy_seconds() -> float:
+    """The machine's busy CPU time so far (user, nice, system, irq, softirq), in seconds."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = map(int, fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def one_start(script: Path, side: str, workers: int) -> tuple[float, float]:
+    """(wall s, machine CPU s) of one fresh run of the script."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cpu, start = busy_seconds(), time.perf_counter()
+    subprocess.run([sys.executable, str(script), side, str(workers)], check=True, env=env)
+    return time.perf_counter() - start, busy_seconds() - cpu
+
+
+def worker_start(args: argparse.Namespace) -> None:
+    runs: dict[str, dict[str, list[float]]] = {s: {"wall_s": [], "cpu_s": []} for s in SIDES}
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "worker_start_script.py"
+        script.write_text(SCRIPT.replace("{line}", args.line))
+        for side in SIDES[: args.warm * 2]:  # warm the page cache, untimed
+            one_start(script, side, args.workers)
+        for _ in range(args.reps):
+            for side in SIDES:
+                wall, cpu = one_start(script, side, args.workers)
+                runs[side]["wall_s"].append(wall)
+                runs[side]["cpu_s"].append(cpu)
+    print(f"`{args.line}`, {args.workers} workers, {args.reps} alternating repetitions, medians")
+    print(f"{'preload':<10}{'wall s':>22}{'machine CPU s':>24}")
+    for side, got in runs.items():
+        cells = [f"{statistics.median(v):.2f} ({min(v):.2f}..{max(v):.2f})" for v in got.values()]
+        print(f"{side:<10}{cells[0]:>22}{cells[1]:>24}")
+    record = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "line": args.line,
+              "workers": args.workers, "reps": args.reps, "python": sys.version.split()[0],
+              "runs": runs}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    t = commands.add_parser("take", help="a batch's cost to the training process")
+    t.add_argument("--reps", type=int, default=5)
+    t.add_argument("--batches", type=int, default=200)
+    t.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    t.add_argument("--hogs", type=int, default=0, help="processes spinning on the CPUs")
+    t.add_argument("--out", type=Path, default=Path("benchmarks/results/data_loading_take.json"))
+    w = commands.add_parser("worker-start", help="worker start by the fork server's preload")
+    w.add_argument("--reps", type=int, default=7)
+    w.add_argument("--workers", type=int, default=4)
+    w.add_argument("--warm", type=int, choices=(0, 1), default=1, help="0: no untimed runs")
+    w.add_argument("--line", default="from transformers import LlamaForCausalLM")
+    start_out = Path("benchmarks/results/data_loading_worker_start.json")
+    w.add_argument("--out", type=Path, default=start_out)
+    args = parser.parse_args()
+    workers = [args.workers] if isinstance(args.workers, int) else args.workers
+    if args.reps < 1 or min(workers) < 0:
+        parser.error("--reps: at least 1; --workers: 0 or more")
+    if args.command == "take":
+        take(args)
+    else:
+        worker_start(args)
+
+
+if __name__ == "__main__":
+    main()

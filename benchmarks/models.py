@@ -1,0 +1,197 @@
+"""The models and synthetic data every benchmark script shares: a GPT-2-shaped decoder (the
+step-overhead model), a Llama-shaped decoder (FSDP and checkpoints at size), the Horovod
+example's classifier, and random token windows. Each size has a `tiny` entry for CPU smoke
+tests. Both sides of a comparison build their model from here, so they train the same thing."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+GPT_SIZES = {  # batch, seq, vocab, layers, heads, width
+    "tiny": (4, 64, 512, 2, 2, 64),
+    "gpt2": (8, 1024, 50304, 12, 12, 768),
+}
+LLAMA_SIZES = {  # layers, width, heads, MLP hidden, vocab
+    "tiny": (2, 64, 4, 128, 512),
+    "125m": (12, 768, 12, 2048, 32000),
+    "small": (4, 1024, 16, 2816, 32000),  # ~0.3 B parameters, ~3.6 GB of training state
+    "1b": (16, 2048, 16, 5632, 32000),
+    "20gb": (12, 3200, 32, 8640, 32000),  # ~1.7 B parameters, ~20 GB of training state
+    "3b": (26, 3200, 32, 8640, 32000),
+    "7b": (32, 4096, 32, 11008, 32000),  # Llama-2-7B's shape
+}
+PEAK_FLOPS = 989e12  # an H100/H200's dense bf16 peak: what MFU is quoted against
+
+
+def gpt_mfu(step_ms: float, size: str) -> float:
+    """One GPU's MFU at `step_ms` a step: 6N + attention per token, N = 124e6 at gpt2 (none
+    counted at other sizes)."""
+    b, t, _, n_layers, _, d = GPT_SIZES[size]
+    n_params = 124e6 if size == "gpt2" else 0.0
+    return b * t * (6 * n_params + 12 * n_layers * t * d) / (step_ms * 1e-3) / PEAK_FLOPS
+
+
+def llama_params(size: str, seq: int) -> int:
+    """Parameters of `Llama(size, seq)`: blocks, token and position embeddings, head (MFU's N)."""
+    layers, width, _, hidden, vocab = LLAMA_SIZES[size]
+    return layers * (4 * width * width + 3 * width * hidden) + 2 * vocab * width + seq * width
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with one fused QKV projection."""
+
+    def __init__(self, width: int, heads: int, bias: bool) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width, bias=bias)
+        self.proj = nn.Linear(width, width, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out: torch.Tensor = self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return out
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: GPT-2's (LayerNorm, GELU MLP, biases) or, with
+    `llama=True`, Llama's (RMSNorm, SwiGLU MLP, no biases)."""
+
+    def __init__(self, width: int, heads: int, hidden: int, llama: bool) -> None:
+        super().__init__()
+        norm = nn.RMSNorm if llama else nn.LayerNorm
+        self.llama = llama
+        self.n1, self.n2 = norm(width), norm(width)
+        self.attn = Attention(width, heads, bias=not llama)
+        self.up = nn.Linear(width, 2 * hidden if llama else hidden, bias=not llama)
+        self.down = nn.Linear(hidden, width, bias=not llama)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.n1(x))
+        h = self.up(self.n2(x))
+        if self.llama:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h)
+        out: torch.Tensor = x + self.down(h)
+        return out
+
+
+class Decoder(nn.Module):
+    """Token + learned position embeddings, blocks, a final norm and head; `forward(idx,
+    targets)` returns the mean cross-entropy, as both sides of every comparison train it."""
+
+    def __init__(self, vocab: int, seq: int, layers: int, width: int, heads: int, hidden: int,
+                 llama: bool) -> None:  # fmt: skip
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(seq, width)
+        self.blocks = nn.ModuleList(Block(width, heads, hidden, llama) for _ in range(layers))
+        self.norm = nn.RMSNorm(width) if llama else nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        if not llama:  # GPT-2 ties its embedding and head
+            self.head.weight = self.tok.weight
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm(x)).float()
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def gpt(size: str) -> Decoder:
+    """GPT-2 small at `gpt2` (124 M parameters, T=1024)."""
+    _, t, v, n_layers, h, d = GPT_SIZES[size]
+    return Decoder(v, t, n_layers, d, h, 4 * d, llama=False)
+
+
+def llama(size: str, seq: int) -> Decoder:
+    """The Llama-shaped decoder at `size` (Llama-2-7B's shape at `7b`) for windows of `seq`."""
+    layers, width, heads, hidden, vocab = LLAMA_SIZES[size]
+    return Decoder(vocab, seq, layers, width, heads, hidden, llama=True)
+
+
+def lm_step(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """The Trainer's step on a window of seq + 1 tokens; contiguous, as the hand loops' batches,
+    so that both sides run the same compiled graph."""
+    loss: torch.Tensor = model(batch[:, :-1].contiguous(), batch[:, 1:].contiguous())
+    return loss
+
+
+class Tokens(torch.utils.data.Dataset[torch.Tensor]):
+    """`count` random windows of seq + 1 tokens; `seeded`: the same window for the same index
+    (a resumed run sees the batches it would have seen)."""
+
+    def __init__(self, vocab: int, seq: int, count: int, seeded: bool = False) -> None:
+        self.vocab, self.seq, self.count, self.seeded = vocab, seq, count, seeded
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(index) if self.seeded else None
+        return torch.randint(0, self.vocab, (self.seq + 1,), generator=g)
+
+
+def hand_batches(b: int, t: int, v: int, device: torch.device, seed: int) -> Iterator[Any]:
+    """The hand loops' data: random tokens made on the host, contiguous, copied without
+    blocking."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    while True:
+        x = torch.randint(0, v, (b, t + 1), generator=g)
+        inputs, targets = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+        yield inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+
+
+class SmallNet(nn.Module):
+    """examples/horovod/synthetic_benchmark.py's model without torchvision."""
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc = nn.Linear(32 * 8 * 8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(torch.flatten(x, 1))  # type: ignore[no-any-return]
+
+
+class LinearNet(nn.Module):
+    """One linear layer on 2x2 images: a step with almost no model work, so that sides differ
+    by their loops' own host work alone."""
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3 * 2 * 2, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(x, 1))  # type: ignore[no-any-return]
+
+
+def classifier(name: str | None) -> tuple[str, Callable[[], nn.Module], int]:
+    """(name, constructor, image size) of an image classifier, the Horovod example's default:
+    torchvision's resnet18 where torchvision is installed, SmallNet otherwise."""
+    try:  # optional, as in the example; imported by name so that type checks need no stubs
+        models: Any = importlib.import_module("torchvision.models")
+    except ImportError:
+        models = None
+    if name is None:
+        name = "resnet18" if models is not None else "small"
+    if name == "small":
+        return name, SmallNet, 32
+    if name == "linear":
+        return name, LinearNet, 2
+    if models is None:
+        raise SystemExit(f"--model {name} needs torchvision (pip install torchvision)")
+    return name, getattr(models, name), 224
