@@ -61,12 +61,14 @@ def eval_loader(
 
 
 class WorkerAdvice:
-    """Starts the training loader's workers; the first time, when phalanx chose the worker count
-    (`data.num_workers=-1`) and on rank 0 only, a `CostAdvice` times the data set's samples
-    beside the run and logs whether batches would cost less made in the training process."""
+    """Starts the training loader's workers; the first time (since it was made or closed), when
+    phalanx chose the worker count (`data.num_workers=-1`) and on rank 0 only, a `CostAdvice`
+    times the data set's samples beside the run and logs whether batches would cost less made
+    in the training process."""
 
     def __init__(self, config: TrainerConfig, env: ClusterEnv) -> None:
-        self._pending = config.data.num_workers < 0 and env.is_main_process
+        self._wanted = config.data.num_workers < 0 and env.is_main_process
+        self._pending = self._wanted
         self._advice: CostAdvice | None = None
 
     def start(self, loader: DataLoader[Any]) -> Iterator[Any]:
@@ -79,9 +81,11 @@ class WorkerAdvice:
         return batches
 
     def close(self) -> None:
-        """Waits briefly for a pending answer (a short run may end first), ends the child."""
-        if self._advice is not None:
-            self._advice.close()
+        """Waits briefly for a pending answer (a short run may end first), ends the child; the
+        next start() (another fit()) may advise again."""
+        advice, self._advice, self._pending = self._advice, None, self._wanted
+        if advice is not None:
+            advice.close()
 
 
 def steps_per_epoch(sampler: GlobalOrderSampler, grad_accum: int) -> int:

@@ -1,9 +1,11 @@
-"""The Trainer's side of tracking: open after resume (the resume step is then known), close
-at the end of fit() with the end-of-run plots."""
+"""The Trainer's side of tracking: opened by fit() after resume (the resume step is then
+known), closed at the end of fit() with the end-of-run plots."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from phalanx.config.coerce import to_plain
 from phalanx.config.training import TrainerConfig
@@ -17,52 +19,73 @@ from phalanx.track.plots import end_of_run_plots
 log = logging.getLogger("phalanx.track")
 
 
-def start_tracking(
-    config: TrainerConfig, *, env: ClusterEnv, run_dir: RunDir | None, live: bool,
-    resume_step: int,
-) -> Tracking:  # fmt: skip
-    """This rank's trackers, started; a tracker that fails to start (a bad MLflow URI, a wandb
-    error) stops every rank with one line, not just the logging rank while the others wait.
-    `live`: nothing is ever trained twice (no checkpoints), so records need not wait for one."""
-    error, tracking = None, Tracking([])
-    try:
-        tracking = open_tracking(
-            config.track,
-            run_dir=run_dir.path if run_dir is not None and not config.run.dry_run else None,
-            env=env,
-            hyperparameters=to_plain(config),
-            live=live,
-        )
-        history = run_dir.path / "metrics.jsonl" if run_dir is not None else None
-        tracking.start(
-            resume_step=resume_step,
-            history=lambda: read_records(history) if history is not None else [],
-        )
-    except Exception as failed:  # third-party trackers raise anything; all ranks must know
-        error = f"rank {env.rank}: {type(failed).__name__}: {first_line(failed)}"
-    errors = [e for e in all_gather_object(error) if e]
-    if errors:
-        raise UsageError(f"a tracker could not start ({errors[0]}); check track.* settings")
-    return tracking
+class RunTracking:
+    """This rank's trackers for a Trainer: `open()` in fit(), `log()` records, `durable()` when
+    a checkpoint commits, `close()` at the end of fit().
 
+    `live`: nothing is ever trained twice (no checkpoints), so records need not wait for one.
+    Records logged before the first open() (an evaluation before fit()) reach no tracker."""
 
-def end_tracking(
-    tracking: Tracking, *, outcome: str, config: TrainerConfig, env: ClusterEnv,
-    run_dir: RunDir | None,
-) -> None:  # fmt: skip
-    """`outcome`: done, stop (orderly: preemption, NaN stop, bad input) or crash.
+    def __init__(
+        self, config: TrainerConfig, *, env: ClusterEnv, run_dir: RunDir | None, live: bool
+    ) -> None:
+        self._config, self._env, self._run_dir, self._live = config, env, run_dir, live
+        self._tracking: Tracking | None = None
 
-    After a crash the records since the last checkpoint stay unsent: a resume re-runs those
-    steps. Otherwise everything is sent and trackers close; plots only when training is done —
-    a preempted job has seconds left (GraceTime) and its resumed run draws them at the end.
-    """
-    if outcome == "crash":
-        tracking.abandon()
-        return
-    tracking.finish()
-    wants = config.track.plots and "jsonl" in config.track.trackers
-    if outcome != "done" or not wants or run_dir is None or config.run.dry_run:
-        return
-    if env.is_main_process:
-        for path in end_of_run_plots(run_dir.path):
-            log.info("plot written to %s", path)
+    def open(self, *, resume_step: int) -> None:
+        """Start this rank's trackers; a tracker that fails to start (a bad MLflow URI, a wandb
+        error) stops every rank with one line, not just the logging rank while the others
+        wait."""
+        config, env, run_dir = self._config, self._env, self._run_dir
+        error, tracking = None, Tracking([])
+        try:
+            tracking = open_tracking(
+                config.track,
+                run_dir=run_dir.path if run_dir is not None and not config.run.dry_run else None,
+                env=env,
+                hyperparameters=to_plain(config),
+                live=self._live,
+            )
+            history = run_dir.path / "metrics.jsonl" if run_dir is not None else None
+            tracking.start(
+                resume_step=resume_step,
+                history=lambda: read_records(history) if history is not None else [],
+            )
+        except Exception as failed:  # third-party trackers raise anything; all ranks must know
+            error = f"rank {env.rank}: {type(failed).__name__}: {first_line(failed)}"
+        errors = [e for e in all_gather_object(error) if e]
+        if errors:
+            raise UsageError(f"a tracker could not start ({errors[0]}); check track.* settings")
+        self._tracking = tracking
+
+    def log(self, values: Mapping[str, Any]) -> None:
+        """A training or evaluation record; `values["step"]` is its optimizer step."""
+        if self._tracking is not None:
+            self._tracking.log(values)
+
+    def durable(self, step: int) -> None:
+        """A checkpoint of `step` is committed: records up to it can no longer be re-run."""
+        if self._tracking is not None:
+            self._tracking.durable(step)
+
+    def close(self, outcome: str) -> None:
+        """`outcome`: done, stop (orderly: preemption, NaN stop, bad input) or crash.
+
+        After a crash the records since the last checkpoint stay unsent: a resume re-runs those
+        steps. Otherwise everything is sent and trackers close; plots only when training is
+        done — a preempted job has seconds left (GraceTime) and its resumed run draws them at
+        the end.
+        """
+        config, run_dir, tracking = self._config, self._run_dir, self._tracking
+        if tracking is None:
+            return
+        if outcome == "crash":
+            tracking.abandon()
+            return
+        tracking.finish()
+        wants = config.track.plots and "jsonl" in config.track.trackers
+        if outcome != "done" or not wants or run_dir is None or config.run.dry_run:
+            return
+        if self._env.is_main_process:
+            for path in end_of_run_plots(run_dir.path):
+                log.info("plot written to %s", path)

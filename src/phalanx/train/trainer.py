@@ -4,7 +4,6 @@ public blocks (strategy, precision, step, guard, metrics, control plane, data lo
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -12,7 +11,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from phalanx.checkpoint.checkpointer import Checkpointer
 from phalanx.checkpoint.position import TrainState
@@ -22,15 +21,14 @@ from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.data.seeding import seed_everything
 from phalanx.dist.process_group import Dist
 from phalanx.errors import UsageError
-from phalanx.lifecycle.preemption import PreemptionWatcher, RunInterrupted
-from phalanx.track import Tracking
+from phalanx.lifecycle.preemption import RunInterrupted
 from phalanx.train import feeding
 from phalanx.train.callbacks import Callback
 from phalanx.train.checkpointing import config_fingerprint, make_store
 from phalanx.train.evaluate import EvalFn, evaluate, lockstep_steps
 from phalanx.train.feeding import DeviceFeed, common_steps_left, steps_per_epoch, train_loader
 from phalanx.train.guard import NanGuard, NonFiniteError, host_read_warning
-from phalanx.train.loop_control import LoopControl
+from phalanx.train.loop_control import LoopControl, Preemption
 from phalanx.train.meta_init import InitFn, ModelFactory
 from phalanx.train.metrics import Metrics
 from phalanx.train.optim import OptimizerArg, SchedulerArg, build_optimizer, build_scheduler
@@ -38,7 +36,7 @@ from phalanx.train.precision import Precision
 from phalanx.train.progress import Throughput, peak_flops, progress_line
 from phalanx.train.step import StepFn, StepParts, optimizer_step, sync_debug
 from phalanx.train.strategy import explain_ddp_oom, unwrap, wrap_model
-from phalanx.train.tracking import end_tracking, start_tracking
+from phalanx.train.tracking import RunTracking
 from phalanx.train.watchdog import HangBeats
 
 log = logging.getLogger("phalanx.train")
@@ -75,11 +73,12 @@ class Trainer:
         tokens_per_sample: float | None = None,
         init_weights: InitFn | None = None,
     ) -> None:
-        config = config or handle.config  # type: ignore[assignment]
-        if not isinstance(config, TrainerConfig):
+        resolved = config if config is not None else handle.config
+        if not isinstance(resolved, TrainerConfig):
             raise UsageError(
                 "Trainer needs a phalanx.TrainerConfig (pass config=, or init with it)"
             )
+        config = resolved
         if eval_data is not None and eval_step is None:
             raise UsageError("eval_data was given without eval_step; pass both or neither")
         self.config, self.handle, self.env = config, handle, handle.env
@@ -133,12 +132,18 @@ class Trainer:
     def _build_bookkeeping(
         self, flops_per_sample: float | None, tokens_per_sample: float | None
     ) -> None:
-        """Position, history, checkpoints, preemption, throughput: what the loop keeps."""
+        """Position, history, trackers, checkpoints, control, throughput: what the loop keeps.
+        Trackers, signal handlers, hang watch and data workers act only while fit() runs."""
         self.state = TrainState()
         self.history: list[dict[str, Any]] = []
         self.last_eval: dict[str, Any] = {}
+        store = make_store(self.handle.run_dir, self.config)
+        self._tracking = RunTracking(
+            self.config, env=self.env, run_dir=self.handle.run_dir,
+            live=store is None,  # no checkpoints: nothing is ever trained twice
+        )  # fmt: skip
         self._checkpointer = Checkpointer(
-            store=make_store(self.handle.run_dir, self.config),
+            store=store,
             model=unwrap(self.model),
             optimizer=self.optimizer,
             env=self.env,
@@ -147,13 +152,16 @@ class Trainer:
             scaler=self.precision.scaler,
             fingerprint=config_fingerprint(self.config),
             seed=self.config.train.seed,
-            on_commit=lambda step: self._tracking.durable(step),  # no re-run can change those
+            on_commit=self._tracking.durable,  # no re-run can change those records
         )
-        self._watcher: PreemptionWatcher | None = None  # signal handlers live only in fit()
-        self._loop = LoopControl(self._checkpointer)
-        self._loop.signalled = lambda: self._watcher is not None and self._watcher.requested
-        self._hang = HangBeats()  # the hang watchdog lives only in fit() too
-        self._tracking = Tracking([])  # opened by fit(), once the resume step is known
+        self._hang = HangBeats()
+        self._preemption = Preemption(self.config.checkpoint, self.env)
+        self._loop = LoopControl(
+            self._checkpointer, signalled=self._preemption.requested, beat=self._beat,
+            # Map-style data (a GlobalOrderSampler): every rank knows the step count.
+            steps_known=not isinstance(self.train_data, IterableDataset),
+        )  # fmt: skip
+        self._advice = feeding.WorkerAdvice(self.config, self.env)
         self._total_steps = 0
         self.throughput = Throughput(
             world_size=self.env.world_size,
@@ -178,39 +186,29 @@ class Trainer:
 
     def fit(self) -> list[dict[str, Any]]:
         """Train until epochs or max_steps are done (or a stop); returns the logged history."""
-        ck = self.config.checkpoint
-        if ck.on_signal:
-            self._watcher = PreemptionWatcher(
-                os.environ, time_margin_s=ck.time_margin_s, read_time_limit=self.env.is_main_process
-            )
+        self._preemption.arm()
         self._start_hang_watch()
         outcome = "crash"
         try:
-            history = self._fit()
+            loader = self._begin()
+            finished_epoch = True
+            while not self._done():
+                finished_epoch = self._train_epoch(loader)
+                if self.stop_requested:
+                    break
+            self._end(finished_epoch)
             outcome = "done"
-            return history
+            return self.history
         except (NonFiniteError, UsageError, RunInterrupted):
             outcome = "stop"  # orderly: what was logged stands (docs/tracking.md)
             raise
         finally:
-            # A stop may leave an async write uncommitted (no collective is safe here).
-            self._hang.stop()
-            self._checkpointer.close(failed=outcome != "done")
-            end_tracking(self._tracking, outcome=outcome, config=self.config, env=self.env,
-                         run_dir=self.handle.run_dir)  # fmt: skip
-            if self._watcher is not None and not self.stop_requested:
-                # Past training a SIGTERM must kill again (torchrun stops the peers of a
-                # failed rank with it). A preempted run keeps the flag-only handler until it
-                # exits: its checkpoint is written, a second signal must not cut the requeue.
-                self._watcher.close()
+            self._close(outcome)
 
-    def _fit(self) -> list[dict[str, Any]]:
-        checkpointer = self._checkpointer
-        self.state = checkpointer.resume() or self.state
-        self._tracking = start_tracking(
-            self.config, env=self.env, run_dir=self.handle.run_dir, resume_step=self.state.step,
-            live=checkpointer.store is None,  # no checkpoints: nothing is ever trained twice
-        )  # fmt: skip
+    def _begin(self) -> Any:
+        """Resume, open the trackers, build the training loader (returned)."""
+        self.state = self._checkpointer.resume() or self.state
+        self._tracking.open(resume_step=self.state.step)
         for cb in self.callbacks:
             cb.on_train_start(self)
         self.throughput.restart()
@@ -218,89 +216,59 @@ class Trainer:
             self.train_data, config=self.config, env=self.env, device=self.handle.device,
             collate_fn=self.collate_fn, start=(self.state.epoch, self.state.global_index),
         )  # fmt: skip
-        self._advice = feeding.WorkerAdvice(self.config, self.env)
-        sampler = loader.sampler if isinstance(loader.sampler, GlobalOrderSampler) else None
-        accum = self.config.train.grad_accum
+        sampler, accum = _sampler(loader), self.config.train.grad_accum
         per_epoch = steps_per_epoch(sampler, accum) if sampler is not None else 0
         self._total_steps = self.max_steps or self.config.train.epochs * per_epoch
-        finished_epoch = True
-        while not self._done():
-            if sampler is not None:
-                sampler.set_position(self.state.epoch, self.state.global_index)
-            finished_epoch = self._run_epoch(loader)
-            if self.stop_requested:
-                break
-        self._hang.stop()  # the final evaluation and saves may take long: not a hang
-        self._advice.close()
-        if not finished_epoch and not self.config.train.eval_every:
-            self.evaluate()  # stopped by max_steps inside an epoch: evaluate the final model
-        if self.state.step % self.config.train.log_every:
-            self._log()  # the tail since the last logging point
-        if self.stop_requested:
-            # Raises RunInterrupted after the checkpoint and the requeue.
-            checkpointer.stop(self.state, self._watcher, metrics=self.last_eval)
-        if self.config.checkpoint.at_end and checkpointer.last_step != self.state.step:
-            checkpointer.save(self.state, metrics=self.last_eval, wait=True)
-        checkpointer.finish_pending()  # the process may exit after fit(): nothing in flight
-        for cb in self.callbacks:
-            cb.on_train_end(self)
-        return self.history
+        return loader
 
     def _done(self) -> bool:
         if self.max_steps:
             return self.state.step >= self.max_steps
         return self.state.epoch >= self.config.train.epochs
 
-    def _run_epoch(self, loader: Any) -> bool:
-        """Steps until the data or max_steps runs out; True when the epoch was completed.
-
-        The ranks' stop/commit flags are agreed in the background around each step for map-style
-        data (every rank knows the step count) and before each step for iterable data (see
-        phalanx.train.loop_control)."""
-        train = self.config.train
-        sampler = loader.sampler if isinstance(loader.sampler, GlobalOrderSampler) else None
-        known = common_steps_left(sampler, train.grad_accum) if sampler is not None else None
-        feed = DeviceFeed(self._advice.start(loader), self.handle.device, train.grad_accum)
+    def _train_epoch(self, loader: Any) -> bool:
+        """Steps from the current position; True when the epoch's data ran out, False when
+        max_steps or an agreed stop came first (a resume then continues inside this epoch)."""
+        accum = self.config.train.grad_accum
+        sampler = _sampler(loader)
+        if sampler is not None:
+            sampler.set_position(self.state.epoch, self.state.global_index)
+        # Map-style data: every rank can take this many steps (iterable data: until one can't).
+        steps = common_steps_left(sampler, accum) if sampler is not None else None
+        feed = DeviceFeed(self._advice.start(loader), self.handle.device, accum)
         taken = micro_steps = 0
-        while not (self.max_steps and self.state.step >= self.max_steps):
-            if known is not None and taken >= known:
-                break
+        while self._may_step(taken, steps):
             self._beat("data")
             batches = feed.take()
-            assert known is None or len(batches) == train.grad_accum, "common_steps_left"
-            blocking = known is None or self._loop.blocking
-            if blocking:
-                self._beat("sync")
-                if not self._loop.before_step(has_data=len(batches) == train.grad_accum):
-                    break
-                if self.stop_requested:
-                    return False
-            else:
-                self._loop.post()
-            self._step(batches)
+            assert steps is None or len(batches) == accum, "common_steps_left"
+            if not self._loop.before_step(has_data=len(batches) == accum):
+                break  # some rank's data ran out, or the ranks agreed to stop
+            self._train_step(batches)
             taken, micro_steps = taken + 1, micro_steps + len(batches)
             if sampler is not None:
                 # Capped at the epoch's end: a resume position must stay inside the data set.
                 self.state.global_index = sampler.global_index_after(micro_steps)
-            more = not (self.max_steps and self.state.step >= self.max_steps)
-            if more and (known is None or taken < known):
+            if self._may_step(taken, steps):
                 feed.prefetch()  # the next step's batches, copied while this step computes
-            if not blocking:
-                self._beat("sync")
-                self._loop.read()
-                self._beat("after")
-            self._after_step()
+            self._loop.after_step()
+            self._log_evaluate_save()
             if self.stop_requested:
-                return False
-        else:
-            return False  # max_steps reached: the epoch continues from here on a resume
-        self.state.epoch += 1
-        self.state.global_index = 0
-        if not train.eval_every:
+                break
+        if self.stop_requested or self._at_max_steps():
+            return False
+        self.state.epoch, self.state.global_index = self.state.epoch + 1, 0
+        if not self.config.train.eval_every:
             self.evaluate()
         return True
 
-    def _step(self, batches: list[Any]) -> None:
+    def _at_max_steps(self) -> bool:
+        return bool(self.max_steps) and self.state.step >= self.max_steps
+
+    def _may_step(self, taken: int, steps: int | None) -> bool:
+        """Another step in this epoch: max_steps not reached and data left where that is known."""
+        return not self._at_max_steps() and (steps is None or taken < steps)
+
+    def _train_step(self, batches: list[Any]) -> None:
         """One optimizer step; from step 3 on, sync_debug finds hidden host syncs (DDP rebuilds
         its gradient buckets once, with a sync, on step 2)."""
         train = self.config.train
@@ -314,7 +282,7 @@ class Trainer:
         self._beat("after")
         self.throughput.count_step()
 
-    def _after_step(self) -> None:
+    def _log_evaluate_save(self) -> None:
         """Logging, evaluation, the regular checkpoint and callbacks after a step."""
         train = self.config.train
         if self.state.step % train.log_every == 0:
@@ -328,6 +296,37 @@ class Trainer:
                 self._checkpointer.save(self.state, metrics=self.last_eval)
         for cb in self.callbacks:
             cb.on_step_end(self)
+
+    def _end(self, finished_epoch: bool) -> None:
+        """After the last step: final evaluation and logging point, then the preemption stop
+        or the final checkpoint."""
+        self._hang.stop()  # the final evaluation and saves may take long: not a hang
+        self._advice.close()
+        if not finished_epoch and not self.config.train.eval_every:
+            self.evaluate()  # stopped inside an epoch (max_steps): evaluate the final model
+        if self.state.step % self.config.train.log_every:
+            self._log()  # the tail since the last logging point
+        checkpointer = self._checkpointer
+        if self.stop_requested:
+            # Raises RunInterrupted after the checkpoint and the requeue.
+            checkpointer.stop(self.state, self._preemption.watcher, metrics=self.last_eval)
+        if self.config.checkpoint.at_end and checkpointer.last_step != self.state.step:
+            checkpointer.save(self.state, metrics=self.last_eval, wait=True)
+        checkpointer.finish_pending()  # the process may exit after fit(): nothing in flight
+        for cb in self.callbacks:
+            cb.on_train_end(self)
+
+    def _close(self, outcome: str) -> None:
+        """The end of every fit(): `outcome` is done, stop or crash."""
+        self._hang.stop()
+        # A stop may leave an async write uncommitted (no collective is safe here).
+        self._checkpointer.close(failed=outcome != "done")
+        self._tracking.close(outcome)
+        if not self.stop_requested:
+            # Past training a SIGTERM must kill again (torchrun stops the peers of a failed
+            # rank with it). A preempted run keeps the flag-only handler until it exits: its
+            # checkpoint is written, a second signal must not cut the requeue.
+            self._preemption.disarm()
 
     def evaluate(self) -> dict[str, float]:
         """Evaluate on eval_data (every sample exactly once); {} without eval data."""
@@ -394,3 +393,8 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Training position (host values) for checkpoints."""
         return asdict(self.state)
+
+
+def _sampler(loader: Any) -> GlobalOrderSampler | None:
+    """The training loader's sampler for map-style data (None: iterable data)."""
+    return loader.sampler if isinstance(loader.sampler, GlobalOrderSampler) else None
