@@ -193,7 +193,7 @@ class BufferedNet(nn.Module):
 
 
 class WideLinears(nn.Module):
-    """Square bias-free layers and no forward: weights to load, measured in host memory."""
+    """Square bias-free layers and no forward: weights whose loading costs host memory."""
 
     def __init__(self, layers: int, width: int) -> None:
         super().__init__()
