@@ -13,11 +13,11 @@ from torch import nn
 from torch._dynamo.utils import counters
 from torch.distributed.tensor import DTensor
 from toy_models import TanhBlocks, seeded_tanh_blocks
-from trainer_common import linear_data, mse_step, normal_init
+from trainer_common import linear_data, mse_step, normal_init, summary
 
 import phalanx
 from phalanx.config import load
-from phalanx.train import model_state_dict, unwrap, wrap_model
+from phalanx.train import unwrap, wrap_model
 from phalanx.train.compiling import is_compiled
 
 
@@ -42,13 +42,11 @@ def train(d: phalanx.Dist, model: Any, *overrides: str) -> dict[str, Any]:
         eval_data=linear_data(30), eval_step=per_sample_eval,
     )  # fmt: skip
     history = trainer.fit()
-    state = model_state_dict(trainer.model)  # every rank: a collective under FSDP
+    gathered = summary(trainer)  # every rank: a collective under FSDP
     param = next(unwrap(trainer.model).parameters())
     return {
-        "losses": [h["loss"] for h in history if "loss" in h],
-        "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
+        **gathered,
         "eval": [h["eval/sq_err"] for h in history if "eval/sq_err" in h],
-        "params": [v for k in sorted(state) for v in state[k].flatten().tolist()],
         "placements": [str(p) for p in param.placements] if isinstance(param, DTensor) else [],
         "dtype": str(param.dtype),
         "compiled": [is_compiled(block) for block in unwrap(trainer.model).blocks],

@@ -10,7 +10,7 @@ import torch
 from scenarios import run_scenarios  # same folder: sys.path[0]
 from torch import nn
 from toy_models import ProbedNet
-from trainer_common import gathered, linear_data, mse_step, normal_init, short_config
+from trainer_common import gathered, linear_data, mse_step, normal_init, short_config, summary
 
 import phalanx
 from phalanx.train import wrap_model
@@ -21,14 +21,9 @@ def train(d: phalanx.Dist, model: Any, *overrides: str) -> dict[str, Any]:
         d, config=short_config(*overrides), model=model, train_data=linear_data(64),
         train_step=mse_step, optimizer=lambda p: torch.optim.AdamW(p, lr=0.01),
     )  # fmt: skip
-    history = trainer.fit()
+    trainer.fit()
     blocks = phalanx.train.unwrap(trainer.model).blocks
-    return {
-        "losses": [h["loss"] for h in history if "loss" in h],
-        "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
-        "params": gathered(trainer.model),
-        "calls": [block.calls for block in blocks],
-    }
+    return {**summary(trainer), "calls": [block.calls for block in blocks]}
 
 
 def scenario_meta(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from scenarios import run_scenarios  # same folder: sys.path[0]
 from torch import nn
 from torch.utils.data import TensorDataset
 from toy_models import VOCAB, FcNet, TiedLM
-from trainer_common import gathered, linear_data, mse_step, short_config
+from trainer_common import linear_data, mse_step, short_config, summary
 
 import phalanx
 from phalanx.errors import UsageError
@@ -36,13 +36,6 @@ def fit(d: phalanx.Dist, model: Any, *overrides: str, **kwargs: Any) -> phalanx.
     )  # fmt: skip
     trainer.fit()
     return trainer
-
-
-def summary(trainer: phalanx.Trainer) -> dict[str, Any]:
-    history = trainer.history
-    return {"losses": [h["loss"] for h in history if "loss" in h],
-            "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
-            "params": gathered(trainer.model)}  # fmt: skip
 
 
 @contextmanager

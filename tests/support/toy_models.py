@@ -1,10 +1,11 @@
 """The small networks the worker scripts train, in one place.
 
 Workers import this module by name (`from toy_models import ...`: a script's own folder is
-sys.path[0]), and so do the processes they start: a fork server or a spawned checkpoint writer
-imports the same module name to unpickle what the script sent. Each model keeps its layer
-names, sizes and initialisation order: tests compare checkpoints, gathered parameters and
-losses between runs, and some seed the global RNG before constructing one.
+sys.path[0]), and so do the processes they start (the fork server of data loader workers, a
+spawned checkpoint writer): those import the script again, with the parent's sys.path, so the
+module resolves there too. Each model keeps its layer names, sizes and initialisation order:
+tests compare checkpoints, gathered parameters and losses between runs, and some seed the
+global RNG before constructing one.
 """
 
 from __future__ import annotations

@@ -70,6 +70,14 @@ def gathered(model: nn.Module) -> list[float]:
     return [v for k in sorted(state) for v in state[k].flatten().tolist()]
 
 
+def summary(trainer: phalanx.Trainer) -> dict[str, Any]:
+    """The logged losses and gradient norms, and the trained model gathered (a collective)."""
+    history = trainer.history
+    return {"losses": [h["loss"] for h in history if "loss" in h],
+            "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
+            "params": gathered(trainer.model)}  # fmt: skip
+
+
 def flat_params(model: nn.Module) -> list[float]:
     return torch.cat([p.detach().flatten() for p in unwrap(model).parameters()]).tolist()
 
