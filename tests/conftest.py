@@ -1,6 +1,6 @@
 """Test-session rules for every layer.
 
-- Markers pure / dist / cluster / gpu are the test layers (ARCHITECTURE.md); each layer has a
+- Markers pure / dist / cluster / gpu are the test layers (docs/extending.md); each layer has a
   time budget that fails the session when exceeded, so CI stays well under its limit (scaled
   by the machine's measured speed: tests/support/host_speed.py).
 - `need(service, reason)`: skip when a service is missing, but FAIL under CI=true, where .ci/run
@@ -23,11 +23,10 @@ from tests.support import host_speed
 # runs pure and dist on two workers (pytest-xdist): both workers' tests count, each slowed by
 # the other (a fresh-clone CI run: dist 1,443 s of test time in 749 s of wall time, against
 # ~1,100 s run alone), so these sums are about twice the wall time. The cluster layer runs
-# alone (417-622 s measured); the whole CI run took 1,288 s (session 13; 1,729-1,788 before).
-# Session 20, on a host of normal speed: dist had grown to 1,953 s (1,022 s wall), over budget;
-# cheaper worker and script starts brought it to 1,820-1,868 s (949-974 s wall), cluster
-# 478-574 s, the whole run 1,619-1,702 s. dist's budget is now derived from CI's 30 minutes: set-up
-# ~150 s + cluster ~600 s leave ~1,050 s of wall for pure and dist, ~2,050 s of their test time.
+# alone (417-622 s measured). On a host of normal speed, dist takes 1,820-1,868 s of test time
+# (949-974 s wall), cluster 478-574 s, the whole run 1,619-1,702 s. dist's budget is derived
+# from CI's 30 minutes: set-up ~150 s + cluster ~600 s leave ~1,050 s of wall for pure and
+# dist, ~2,050 s of their test time.
 # The budgets leave room for a loaded machine without hiding a test that suddenly takes minutes.
 # On a slower machine they grow by its measured slowdown (tests/support/host_speed.py, up to 4x).
 LAYER_BUDGET_S = {"pure": 120.0, "dist": 2000.0, "cluster": 750.0, "gpu": 600.0}

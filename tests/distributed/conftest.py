@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.test_checkpoint_resume import reference_run
+from tests.support.ckpt_runs import reference_run
 
 
 @pytest.fixture(scope="session")
 def dropout_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """ckpt_worker on 2 ranks with dropout (test_checkpoint_resume's COMMON), synchronous full
-    checkpoints at 4, 8 and 12: the run every kill / signal / restart test must end equal to."""
+    """ckpt_worker on 2 ranks with dropout (ckpt_runs.COMMON), synchronous full checkpoints at
+    4, 8 and 12: the run every kill / signal / restart test must end equal to."""
     return reference_run(tmp_path_factory.mktemp("dropout"), "model.dropout=0.1")
 
 

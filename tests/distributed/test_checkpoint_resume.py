@@ -3,52 +3,24 @@ was never interrupted; and resume on another world size."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.support.ckpt_runs import (
+    COMMON,
+    WORKER,
+    assert_same_training,
+    committed_steps,
+    launch,
+    load,
+    reference_run,
+    steps_to_ids,
+)
 from tests.support.procs import VENV_BIN, run
 
-WORKER = str(Path(__file__).parents[1] / "support" / "ckpt_worker.py")
-COMMON = (
-    "train.max_steps=12", "checkpoint.every_steps=4", "data.num_workers=2", "data.batch_size=4",
-    "train.log_every=4", "train.progress=false",
-)  # fmt: skip
 pytestmark = pytest.mark.dist
-
-
-def launch(
-    run_dir: Path, *overrides: str, ranks: int = 2, run_args: tuple[str, ...] = ()
-) -> tuple[int, str]:
-    result = run(
-        [str(VENV_BIN / "phalanx"), "run", "-n", str(ranks), *run_args, WORKER,
-         f"run.dir={run_dir}", *COMMON, *overrides],
-        timeout=240,
-    )  # fmt: skip
-    return result.returncode, result.stderr[-8000:]
-
-
-def steps_to_ids(run_dir: Path, rank: int) -> dict[int, list[int]]:
-    """The sample ids each step trained on, the LAST record of a step winning (a re-run)."""
-    lines = (run_dir / f"ids-rank-{rank}.jsonl").read_text().splitlines()
-    return {r["step"]: r["ids"] for r in map(json.loads, lines)}
-
-
-def load(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, weights_only=True)  # type: ignore[no-any-return]
-
-
-def reference_run(tmp_path: Path, *overrides: str) -> Path:
-    run_dir = tmp_path / "reference"
-    code, err = launch(run_dir, *overrides)
-    assert code == 0, err
-    return run_dir
-
-
-def committed_steps(checkpoints: Path) -> list[int]:
-    return sorted(int(p.parent.name[5:]) for p in checkpoints.glob("step-*/meta.json"))
 
 
 @pytest.mark.timeout(400)
@@ -70,15 +42,6 @@ def test_kill_9_then_resume_is_bitwise_equal(tmp_path: Path, dropout_reference: 
     starts = (run_dir / "starts-rank-0.txt").read_text().split()
     assert starts == ["1", "5"]  # the first resumed step is checkpoint step + 1
     assert_same_training(run_dir, dropout_reference)
-
-
-def assert_same_training(run_dir: Path, reference: Path) -> None:
-    final, expected = load(run_dir / "final.pt"), load(reference / "final.pt")
-    assert final.keys() == expected.keys()
-    for name in expected:
-        assert torch.equal(final[name], expected[name]), name  # bitwise
-    for rank in (0, 1):  # no sample repeated or skipped over both parts
-        assert steps_to_ids(run_dir, rank) == steps_to_ids(reference, rank)
 
 
 @pytest.mark.timeout(400)

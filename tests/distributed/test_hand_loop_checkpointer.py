@@ -4,12 +4,11 @@ test_checkpoint_resume.py, through the same Checkpointer, and tests/cluster for 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import torch
 
+from tests.support.ckpt_runs import assert_same_training, committed_steps
 from tests.support.procs import VENV_BIN, run
 
 WORKER = str(Path(__file__).parents[1] / "support" / "hand_loop_worker.py")
@@ -21,26 +20,6 @@ def launch(run_dir: Path, *overrides: str) -> tuple[int, str]:
     result = run([str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, f"run.dir={run_dir}",
                   *COMMON, *overrides], timeout=240)  # fmt: skip
     return result.returncode, result.stderr[-8000:]
-
-
-def steps_to_ids(run_dir: Path, rank: int) -> dict[int, list[int]]:
-    """The sample ids each step trained on, the LAST record of a step winning (a re-run)."""
-    lines = (run_dir / f"ids-rank-{rank}.jsonl").read_text().splitlines()
-    return {r["step"]: r["ids"] for r in map(json.loads, lines)}
-
-
-def assert_same_training(run_dir: Path, reference: Path) -> None:
-    final = torch.load(run_dir / "final.pt", weights_only=True)
-    expected = torch.load(reference / "final.pt", weights_only=True)
-    assert final.keys() == expected.keys()
-    for name in expected:
-        assert torch.equal(final[name], expected[name]), name  # bitwise
-    for rank in (0, 1):  # no sample repeated or skipped over both parts
-        assert steps_to_ids(run_dir, rank) == steps_to_ids(reference, rank)
-
-
-def committed_steps(checkpoints: Path) -> list[int]:
-    return sorted(int(p.parent.name[5:]) for p in checkpoints.glob("step-*/meta.json"))
 
 
 @pytest.fixture(scope="module")

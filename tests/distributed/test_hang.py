@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.test_checkpoint_resume import (
+from tests.support.ckpt_runs import (
     COMMON,
     WORKER,
     assert_same_training,

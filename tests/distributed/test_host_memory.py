@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need, need_command
-from tests.distributed.test_checkpoint_resume import committed_steps
+from tests.support.ckpt_runs import WORKER, committed_steps
 from tests.support.procs import VENV_BIN, run
 
-WORKER = str(Path(__file__).parents[1] / "support" / "ckpt_worker.py")
 SMALL_SHM = 'mount -t tmpfs -o size=8m tmpfs /dev/shm && exec "$@"'
 ASYNC = (
     "checkpoint.every_steps=2", "data.num_workers=0", "data.batch_size=4", "train.progress=false",

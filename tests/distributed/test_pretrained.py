@@ -63,7 +63,7 @@ def test_each_rank_holds_about_its_share_while_loading(tmp_path: Path) -> None:
     # serves later ones from its heap, whose freed pages stay in the RSS; the peak then depends
     # on the allocator's history (one CI run in three saw a rank at 164 MiB, not ~80).
     fixed = {"MALLOC_MMAP_THRESHOLD_": str(2**20)}
-    result = scenario(tmp_path, "memory", 4, str(tmp_path / "w.safetensors"), env=fixed)
+    result = scenario(tmp_path, "memory", 4, f"file={tmp_path / 'w.safetensors'}", env=fixed)
     assert result["slices"]["checksum"] == pytest.approx(result["broadcast"]["checksum"])
     # Peak RSS growth per rank (VmHWM after the load, reset before it): its shards (64 MiB)
     # plus the file pages of its rows that safetensors maps, ~150 MiB measured: well below

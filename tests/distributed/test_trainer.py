@@ -48,8 +48,8 @@ def test_accumulation_equals_larger_batch_and_all_reduces_once(tmp_path: Path) -
     assert max_diff(r["accum"]["losses"], r["single"]["losses"]) < 1e-6
     assert max_diff(r["accum"]["params"], r["single"]["params"]) < 1e-6
     # One DDP bucket all-reduce, whether 1 or 4 micro-batches: the NaN guard's verdict travels
-    # with the gradients under skip (session 12) and, under count, which applies every update,
-    # waits for the logging point (session 13).
+    # with the gradients under skip and, under count, which applies every update, waits for
+    # the logging point.
     assert r["allreduces"] == {"1": 1, "4": 1, "count": 1}
 
 

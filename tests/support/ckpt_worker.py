@@ -23,11 +23,12 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import Dataset
+from toy_models import DIM, DropoutStack, dropout_mlp  # same folder: sys.path[0]
 
 import phalanx
 from phalanx.train import model_state_dict, unwrap
 
-N, DIM = 96, 6
+N = 96
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,24 +65,6 @@ class Model:
     extra: int = 0
     """Elements of an extra trainable parameter (in the loss with weight 0): a larger model and
     optimizer state for the host memory tests of async saves, with the same training."""
-
-
-class Stack(nn.Module):
-    """Linear-Tanh blocks in a ModuleList, then a linear head."""
-
-    def __init__(self, blocks: int, dropout: float) -> None:
-        super().__init__()
-        self.inp = nn.Linear(DIM, 16)
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Dropout(dropout)) for _ in range(blocks)
-        )
-        self.head = nn.Linear(16, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.tanh(self.inp(x))
-        for block in self.blocks:
-            x = x + block(x)
-        return self.head(x)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,13 +150,10 @@ def main() -> None:
                 loss = loss + 0.0 * unwrap(model).extra.sum()
             return loss
 
-        torch.manual_seed(0)
         spec = d.config.model
-        model: nn.Module = nn.Sequential(
-            nn.Linear(DIM, 16), nn.Tanh(), nn.Dropout(spec.dropout), nn.Linear(16, 1)
-        )
-        if spec.blocks:
-            model = Stack(spec.blocks, spec.dropout)
+        model = dropout_mlp(spec.dropout)
+        if spec.blocks:  # built after dropout_mlp: its weights come from the RNG state it left
+            model = DropoutStack(spec.blocks, spec.dropout)
         if spec.extra:
             model.register_parameter("extra", nn.Parameter(torch.zeros(spec.extra)))
         trainer = phalanx.Trainer(

@@ -17,23 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-from trainer_common import config, make_model, regression_data  # same folder: sys.path[0]
+from toy_models import WithLoss  # same folder: sys.path[0]
+from trainer_common import config, regression_data
 
 import phalanx
-
-
-class WithLoss(nn.Module):
-    """The regression model with its loss inside: mean squared error when training, each
-    sample's squared error in eval."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = make_model()
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        err = (self.net(x) - y).squeeze(1) ** 2
-        return err.mean() if self.training else err
 
 
 def logged(d: phalanx.Dist, mode: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import Dataset
+from toy_models import DIM, dropout_mlp  # same folder: sys.path[0]
 
 import phalanx
 from phalanx.checkpoint import CheckpointStore
@@ -30,7 +31,7 @@ from phalanx.dist.control import ControlPlane
 from phalanx.lifecycle.preemption import PreemptionWatcher
 from phalanx.train import unwrap, wrap_model
 
-N, DIM = 96, 6
+N = 96
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,11 +72,7 @@ class Augmented(Dataset[tuple[torch.Tensor, torch.Tensor, int]]):
 
 def build(d: phalanx.Dist, cfg: HandConfig, run_dir: Path) -> tuple[nn.Module, Any, Any]:
     """The DDP model, its optimizer, and a Checkpointer of all that holds state."""
-    torch.manual_seed(0)
-    model = wrap_model(
-        nn.Sequential(nn.Linear(DIM, 16), nn.Tanh(), nn.Dropout(0.1), nn.Linear(16, 1)),
-        d, strategy="auto",
-    )  # fmt: skip
+    model = wrap_model(dropout_mlp(0.1), d, strategy="auto")
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.7)
     checkpointer = phalanx.Checkpointer(

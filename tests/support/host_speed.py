@@ -21,7 +21,7 @@ _REFERENCE_CODE = (
     "import torch; x = torch.randn(64, 64); s = sum(range(3_000_000)); [x @ x for _ in range(5000)]"
 )
 # Seconds the reference took (best of 5) on the machine kind whose runs set the budgets
-# (2026-11-28, session 20: whole CI runs of 1,702-1,733 s, `sum(range(3*10**7))` 0.45 s): 1.57 s
+# (2026-11-28: whole CI runs of 1,702-1,733 s, `sum(range(3*10**7))` 0.45 s): 1.57 s
 # where it runs, at the end of a CI run's layer; 1.73-2.02 s run alone from a shell. The lowest:
 # a value set too low only loosens the budgets by a few percent on a normal machine, one set
 # too high leaves a slightly slower machine red.

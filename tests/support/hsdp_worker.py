@@ -1,61 +1,24 @@
-"""Worker scenarios for HSDP tests: `phalanx run -n 4 hsdp_worker.py SCENARIO OUT`; rank 0 writes
-OUT/<scenario>.json (results gathered with collectives: the file exists only if all ranks got
-through)."""
+"""Worker scenarios for HSDP tests: `phalanx run -n 4 hsdp_worker.py SCENARIO OUT`
+(scenarios.py: rank 0 writes OUT/<scenario>.json)."""
 
 from __future__ import annotations
 
-import json
 import socket
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from scenarios import run_scenarios  # same folder: sys.path[0]
 from torch import nn
 from torch._dynamo.utils import counters
 from torch.distributed.tensor import DTensor
-from torch.utils.data import TensorDataset
+from toy_models import TanhBlocks, seeded_tanh_blocks
+from trainer_common import linear_data, mse_step, normal_init, summary
 
 import phalanx
 from phalanx.config import load
-from phalanx.train import model_state_dict, unwrap, wrap_model
+from phalanx.train import unwrap, wrap_model
 from phalanx.train.compiling import is_compiled
-
-DIM, WIDTH = 6, 16
-
-
-class Blocks(nn.Module):
-    """Linear blocks in an nn.ModuleList (FSDP's default units) between an input layer and a
-    head; constructed like an eager model (`torch.manual_seed(0); Blocks()`) or as a factory."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp = nn.Linear(DIM, WIDTH)
-        self.blocks = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(3))
-        self.head = nn.Linear(WIDTH, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.tanh(self.inp(x))
-        for block in self.blocks:
-            x = x + torch.tanh(block(x))
-        return self.head(x)  # type: ignore[no-any-return]
-
-
-def eager() -> nn.Module:
-    torch.manual_seed(0)
-    return Blocks()
-
-
-def data(n: int = 100) -> TensorDataset:
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(n, DIM, generator=gen)
-    return TensorDataset(x, x @ torch.randn(DIM, 1, generator=gen))
-
-
-def mse_step(model: nn.Module, batch: Any) -> torch.Tensor:
-    x, y = batch
-    return nn.functional.mse_loss(model(x), y)
 
 
 def per_sample_eval(model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
@@ -74,28 +37,21 @@ def config(*overrides: str) -> phalanx.TrainerConfig:
 def train(d: phalanx.Dist, model: Any, *overrides: str) -> dict[str, Any]:
     counters.clear()
     trainer = phalanx.Trainer(
-        d, config=config(*overrides), model=model, train_data=data(), train_step=mse_step,
-        optimizer=lambda p: torch.optim.AdamW(p, lr=0.01), eval_data=data(30),
-        eval_step=per_sample_eval,
+        d, config=config(*overrides), model=model, train_data=linear_data(100),
+        train_step=mse_step, optimizer=lambda p: torch.optim.AdamW(p, lr=0.01),
+        eval_data=linear_data(30), eval_step=per_sample_eval,
     )  # fmt: skip
     history = trainer.fit()
-    state = model_state_dict(trainer.model)  # every rank: a collective under FSDP
+    gathered = summary(trainer)  # every rank: a collective under FSDP
     param = next(unwrap(trainer.model).parameters())
     return {
-        "losses": [h["loss"] for h in history if "loss" in h],
-        "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
+        **gathered,
         "eval": [h["eval/sq_err"] for h in history if "eval/sq_err" in h],
-        "params": [v for k in sorted(state) for v in state[k].flatten().tolist()],
         "placements": [str(p) for p in param.placements] if isinstance(param, DTensor) else [],
         "dtype": str(param.dtype),
         "compiled": [is_compiled(block) for block in unwrap(trainer.model).blocks],
         "graphs": counters["stats"]["unique_graphs"],
     }
-
-
-def normal_init(model: nn.Module) -> None:
-    for param in model.parameters():
-        nn.init.normal_(param, std=0.1)
 
 
 def local_shards(model: nn.Module) -> list[list[float]]:
@@ -107,16 +63,16 @@ def local_shards(model: nn.Module) -> list[list[float]]:
 
 
 def scenario_parity(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
-    hsdp = ("train.strategy=hsdp", "train.hsdp_shard_size=2")
+    hsdp, eager = ("train.strategy=hsdp", "train.hsdp_shard_size=2"), seeded_tanh_blocks
     return {
         "ddp": train(d, eager(), "train.strategy=ddp"),
         "hsdp": train(d, eager(), *hsdp),
-        "hsdp_factory": train(d, Blocks, *hsdp),  # meta device, reset_parameters from seed 0
+        "hsdp_factory": train(d, TanhBlocks, *hsdp),  # meta device, reset_parameters from seed 0
         "hsdp_every": train(d, eager(), *hsdp, "train.fsdp_reduce_every_micro_batch=true"),
         "hsdp_compile": train(d, eager(), *hsdp, "train.compile=true"),
         "hsdp_bf16": train(d, eager(), *hsdp, "train.precision=bf16"),
         "custom": local_shards(
-            wrap_model(Blocks, d, strategy="hsdp", hsdp_shard_size=2, init_weights=normal_init)
+            wrap_model(TanhBlocks, d, strategy="hsdp", hsdp_shard_size=2, init_weights=normal_init)
         ),
     }
 
@@ -124,24 +80,16 @@ def scenario_parity(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
 def scenario_nodes(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     """HSDP with the default shard groups (one node's ranks) against DDP, and which host every
     rank of each shard group runs on."""
-    hsdp = train(d, eager(), "train.strategy=hsdp")
-    model = wrap_model(Blocks, d, strategy="hsdp")
+    hsdp = train(d, seeded_tanh_blocks(), "train.strategy=hsdp")
+    model = wrap_model(TanhBlocks, d, strategy="hsdp")
     mesh = next(unwrap(model).parameters()).device_mesh  # type: ignore[attr-defined]
     placed: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(placed, (socket.gethostname(), mesh["shard"].mesh.tolist()))
-    return {"ddp": train(d, eager(), "train.strategy=ddp"), "hsdp": hsdp, "placed": placed}
-
-
-def main() -> None:
-    scenario, out = sys.argv[1], Path(sys.argv[2])
-    out.mkdir(parents=True, exist_ok=True)
-    with phalanx.distributed(phalanx.DistConfig(timeout_s=60)) as d:
-        result = SCENARIOS[scenario](d, {"out": str(out)})
-        if d.env.is_main_process:
-            (out / f"{scenario}.json").write_text(json.dumps(result))
+    ddp = train(d, seeded_tanh_blocks(), "train.strategy=ddp")
+    return {"ddp": ddp, "hsdp": hsdp, "placed": placed}
 
 
 SCENARIOS = {"parity": scenario_parity, "nodes": scenario_nodes}
 
 if __name__ == "__main__":
-    main()
+    run_scenarios(SCENARIOS)

@@ -1,9 +1,9 @@
-"""Two simulated nodes on this machine: network namespaces on a private bridge (INFRA.md recipe).
+"""Two simulated nodes on this machine: network namespaces on a private bridge.
 
 Each node has its own network stack and address, and every command run "on" it also gets its
 own UTS hostname (node1 / node2) and an /etc/hosts that resolves both names, through
-`nsenter --net` + `unshare --uts --mount` (as /work/shared/infra/in_node.sh does). The file
-system stays shared, like a cluster's shared home.
+`nsenter --net` + `unshare --uts --mount`. The file system stays shared, like a cluster's
+shared home.
 
 Only the names below are ever touched: a 10.251.0.0/24 test subnet, bridge phxbr0, namespaces
 phxA / phxB and their veths. `two_nodes()` removes all of it afterwards, also after a failure,
@@ -25,7 +25,7 @@ from tests.support.reap import kill_and_wait, pids_in_netns
 BRIDGE = "phxbr0"
 BRIDGE_ADDR = "10.251.0.254/24"
 COMMANDS = ("ip", "nsenter", "unshare")
-# `ip netns exec` is avoided on purpose: it remounts /sys in the namespace (INFRA.md).
+# `ip netns exec` is avoided on purpose: it remounts /sys in the namespace.
 _IN_NODE = 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"'
 
 

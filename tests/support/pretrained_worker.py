@@ -1,11 +1,11 @@
 """Worker scenarios for pretrained weights in and safetensors out:
-`phalanx run -n N pretrained_worker.py SCENARIO OUT [FILE]`; rank 0 writes OUT/<scenario>.json."""
+`phalanx run -n N pretrained_worker.py SCENARIO OUT [file=FILE]` (scenarios.py: rank 0 writes
+OUT/<scenario>.json)."""
 
 from __future__ import annotations
 
 import gc
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,38 +13,21 @@ from typing import Any
 import safetensors.torch
 import torch
 import torch.distributed as dist
+from scenarios import run_scenarios  # same folder: sys.path[0]
 from torch import nn
 from torch.utils.data import TensorDataset
+from toy_models import DIM, BufferedNet, WideLinears
+from trainer_common import mse_step, short_config
 
 import phalanx
 from phalanx.checkpoint.export import export_weights
 from phalanx.checkpoint.sharded import save_sharded
-from phalanx.config import load
 from phalanx.train import model_state_dict, unwrap, wrap_model
-
-DIM, WIDTH = 6, 17  # 17 rows: FSDP pads the shards of 2 ranks unevenly
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp = nn.Linear(DIM, WIDTH)
-        self.blocks = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(3))
-        self.norm = nn.LayerNorm(WIDTH)
-        self.head = nn.Linear(WIDTH, 1)
-        self.register_buffer("scale", torch.full((WIDTH,), 0.5))  # persistent: in the file
-        self.register_buffer("table", torch.arange(float(WIDTH)), persistent=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.tanh(self.inp(x)) * self.scale + 0.01 * self.table
-        for block in self.blocks:
-            x = x + torch.tanh(block(x))
-        return self.head(self.norm(x))
 
 
 def reference() -> dict[str, torch.Tensor]:
     torch.manual_seed(3)
-    return Net().state_dict()
+    return BufferedNet().state_dict()
 
 
 def write_sources(out: Path, state: dict[str, torch.Tensor]) -> dict[str, Path]:
@@ -75,18 +58,11 @@ def equal(model: nn.Module, expected: dict[str, torch.Tensor]) -> bool:
 
 
 def config(*overrides: str) -> phalanx.TrainerConfig:
-    base = ["data.shuffle=false", "data.num_workers=0", "data.batch_size=4", "train.log_every=1",
-            "train.progress=false", "train.max_steps=3", "checkpoint.sharded=true",
-            "checkpoint.at_end=false", "train.strategy=fsdp"]  # fmt: skip
-    return load(phalanx.TrainerConfig, overrides=[*base, *overrides])
+    return short_config("train.strategy=fsdp", *overrides)
 
 
-def mse_step(model: nn.Module, batch: Any) -> torch.Tensor:
-    x, y = batch
-    return nn.functional.mse_loss(model(x), y)
-
-
-def scenario_roundtrip(d: phalanx.Dist, out: Path, arg: str) -> dict[str, Any]:
+def scenario_roundtrip(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    out = Path(args["out"])
     state = reference()
     if d.env.rank == 0:
         write_sources(out, state)
@@ -95,17 +71,21 @@ def scenario_roundtrip(d: phalanx.Dist, out: Path, arg: str) -> dict[str, Any]:
     loads = {}
     for kind, path in paths.items():
         for read in ("slices", "broadcast"):
-            model = wrap_model(Net, d, strategy="fsdp", pretrained=path, pretrained_read=read)
+            model = wrap_model(
+                BufferedNet, d, strategy="fsdp", pretrained=path, pretrained_read=read
+            )
             loads[f"fsdp/{kind}/{read}"] = equal(model, state)
-    loads["ddp/file"] = equal(wrap_model(Net, d, strategy="ddp", pretrained=paths["file"]), state)
-    instance = Net()  # its own init: the file must replace all of it
+    loads["ddp/file"] = equal(
+        wrap_model(BufferedNet, d, strategy="ddp", pretrained=paths["file"]), state
+    )
+    instance = BufferedNet()  # its own init: the file must replace all of it
     loads["instance/torch"] = equal(
         wrap_model(instance, d, strategy="fsdp", pretrained=paths["torch"]), state
     )
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(64, DIM, generator=gen)
     trainer = phalanx.Trainer(
-        d, config=config(f"train.init_from={paths['hf_dir']}"), model=Net,
+        d, config=config(f"train.init_from={paths['hf_dir']}"), model=BufferedNet,
         train_data=TensorDataset(x, x.sum(1, keepdim=True)), train_step=mse_step,
         optimizer=lambda p: torch.optim.AdamW(p, lr=0.01),
     )  # fmt: skip
@@ -119,7 +99,7 @@ def scenario_roundtrip(d: phalanx.Dist, out: Path, arg: str) -> dict[str, Any]:
     dist.barrier()
     trained = trained if d.env.rank == 0 else {}
     for name in ("single", "sharded"):
-        model = wrap_model(Net, d, strategy="fsdp", pretrained=out / name)
+        model = wrap_model(BufferedNet, d, strategy="fsdp", pretrained=out / name)
         loads[f"export/{name}"] = equal(model, trained)
     files = sorted(p.name for p in (out / "sharded").iterdir())
     return {"loads": loads, "first_loss": first_loss, "sharded_files": files}
@@ -129,7 +109,8 @@ def lm_step(model: nn.Module, batch: Any) -> torch.Tensor:
     return model(input_ids=batch[0], labels=batch[0]).loss  # type: ignore[no-any-return]
 
 
-def scenario_hf(d: phalanx.Dist, out: Path, arg: str) -> dict[str, Any]:
+def scenario_hf(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    out = Path(args["out"])
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -164,12 +145,6 @@ def scenario_hf(d: phalanx.Dist, out: Path, arg: str) -> dict[str, Any]:
     return result
 
 
-class Wide(nn.Module):
-    def __init__(self, layers: int, width: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(layers))
-
-
 def rss_kb(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -177,8 +152,10 @@ def rss_kb(field: str) -> int:
     raise AssertionError(field)
 
 
-def scenario_memory(d: phalanx.Dist, out: Path, arg: str) -> dict[str, Any]:
-    """Peak host memory of each rank while it loads `arg` (written by the test) into shards."""
+def scenario_memory(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
+    """Peak host memory of each rank while it loads args["file"] (written by the test) into
+    shards."""
+    out = Path(args["out"])
     layers, width = (int(v) for v in (out / "shape.txt").read_text().split())
     result: dict[str, Any] = {}
     for read in ("warm-up", "slices", "broadcast"):  # warm-up: first-use costs of both paths
@@ -187,7 +164,8 @@ def scenario_memory(d: phalanx.Dist, out: Path, arg: str) -> dict[str, Any]:
         before = rss_kb("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS from here on
         started = time.perf_counter()
-        model = wrap_model(lambda: Wide(layers, width), d, strategy="fsdp", pretrained=arg,
+        model = wrap_model(lambda: WideLinears(layers, width), d, strategy="fsdp",
+                           pretrained=args["file"],
                            pretrained_read="slices" if read == "warm-up" else read)  # fmt: skip
         dist.barrier()
         seconds = time.perf_counter() - started
@@ -201,17 +179,7 @@ def scenario_memory(d: phalanx.Dist, out: Path, arg: str) -> dict[str, Any]:
     return result
 
 
-def main() -> None:
-    scenario, out = sys.argv[1], Path(sys.argv[2])
-    arg = sys.argv[3] if len(sys.argv) > 3 else ""
-    out.mkdir(parents=True, exist_ok=True)
-    with phalanx.distributed(phalanx.DistConfig(timeout_s=60)) as d:
-        result = SCENARIOS[scenario](d, out, arg)
-        if d.env.is_main_process:
-            (out / f"{scenario}.json").write_text(json.dumps(result))
-
-
 SCENARIOS = {"roundtrip": scenario_roundtrip, "hf": scenario_hf, "memory": scenario_memory}
 
 if __name__ == "__main__":
-    main()
+    run_scenarios(SCENARIOS)

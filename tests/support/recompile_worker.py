@@ -8,23 +8,9 @@ from __future__ import annotations
 import time
 
 import torch
+from toy_models import SlowToCompile  # same folder: sys.path[0]
 
 import phalanx
-
-LOOP = 250_000
-"""Python iterations dynamo traces per compilation: ~10 s on a CI core."""
-
-
-class SlowToCompile(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k = 0
-        for i in range(LOOP):
-            k = k + i % 3
-        return self.lin(x) * (1 + k * 0)
 
 
 class CompileClock:

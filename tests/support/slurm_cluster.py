@@ -1,4 +1,4 @@
-"""A real SLURM cluster on this one machine: slurmctld plus two slurmd "nodes" (INFRA.md recipe).
+"""A real SLURM cluster on this one machine: slurmctld plus two slurmd "nodes".
 
 The first node is named after `hostname -s`, the second (`node2`) shares the real host and only
 differs by its slurmd port, so a step over both nodes runs two groups of tasks on one kernel,
@@ -6,7 +6,7 @@ told apart by SLURMD_NODENAME. Everything lives in a fresh state folder; daemons
 the PIDs in their pid files, never by name.
 
 Robust to leftovers and neighbours: a session killed before its teardown leaves daemons holding
-the recipe's ports and a state folder under RUNS_DIR. Folders whose owning process is gone are
+the default ports and a state folder under RUNS_DIR. Folders whose owning process is gone are
 reaped (jobs cancelled, daemons stopped through their pid files); busy ports make this cluster
 take free ones instead (start-ups are serialised by a lock so two sessions cannot pick the same
 ones); a random FirstJobId keeps job ids, and the ports phalanx derives from them, apart from
@@ -35,7 +35,7 @@ from tests.support.reap import is_alive
 RUNS_DIR = Path(tempfile.gettempdir()) / "phalanx-slurm"
 MUNGE_DIR = Path("/run/munge")
 MUNGE_KEY = Path("/etc/munge/munge.key")
-RECIPE_PORTS = (6817, 6818, 6819)
+DEFAULT_PORTS = (6817, 6818, 6819)
 """slurmctld, first slurmd, second slurmd (slurm-2node-localhost.conf)."""
 SECOND_NODE = "node2"
 TERMINAL_STATES = frozenset(
@@ -98,9 +98,9 @@ def _free_port() -> int:
 
 
 def pick_ports() -> tuple[int, int, int]:
-    """The recipe's ports when all are free, else three ports the kernel hands out."""
-    if all(_port_free(port) for port in RECIPE_PORTS):
-        return RECIPE_PORTS
+    """The default ports (SLURM's own) when all are free, else three ports the kernel hands out."""
+    if all(_port_free(port) for port in DEFAULT_PORTS):
+        return DEFAULT_PORTS
     ports: set[int] = set()
     while len(ports) < 3:
         ports.add(_free_port())
@@ -218,7 +218,7 @@ class SlurmCluster:
             (self.state / sub).mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
         try:
-            # Two sessions starting at once would both find the recipe's ports free; the lock
+            # Two sessions starting at once would both find the default ports free; the lock
             # makes the second one see the first one's daemons listening and pick other ports.
             with _startup_lock():
                 self._start_munge(deadline)

@@ -1,76 +1,41 @@
 """Worker scenarios for FSDP speed features (per-unit compile, accumulation without a
 reduce-scatter per micro-batch, tied parameters in factories):
-`phalanx run -n N speed_worker.py SCENARIO OUT`; rank 0 writes OUT/<scenario>.json."""
+`phalanx run -n N speed_worker.py SCENARIO OUT` (scenarios.py: rank 0 writes
+OUT/<scenario>.json)."""
 
 from __future__ import annotations
 
 import functools
-import json
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-
-# The large-model tests' data, step and gathered view (a script's own folder is on sys.path).
-from large_model_worker import config as base_config
-from large_model_worker import data, flat, mse_step
+from scenarios import run_scenarios  # same folder: sys.path[0]
 from torch import nn
 from torch.utils.data import TensorDataset
+from toy_models import VOCAB, FcNet, TiedLM
+from trainer_common import linear_data, mse_step, short_config, summary
 
 import phalanx
 from phalanx.errors import UsageError
 from phalanx.train import unwrap, wrap_model
 from phalanx.train.compiling import is_compiled
 
-DIM, WIDTH, VOCAB = 6, 16, 32
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(WIDTH, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.tanh(self.fc(x))
-
-
-class Net(nn.Module):
-    def __init__(self, blocks: int = 4) -> None:
-        super().__init__()
-        self.inp = nn.Linear(DIM, WIDTH)
-        self.blocks = nn.ModuleList(Block() for _ in range(blocks))
-        self.head = nn.Linear(WIDTH, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.tanh(self.inp(x))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
 
 def config(*overrides: str) -> phalanx.TrainerConfig:
-    return base_config("train.strategy=fsdp", *overrides)
+    return short_config("train.strategy=fsdp", *overrides)
 
 
 def fit(d: phalanx.Dist, model: Any, *overrides: str, **kwargs: Any) -> phalanx.Trainer:
     trainer = phalanx.Trainer(
         d, config=config(*overrides), model=model,
         optimizer=lambda p: torch.optim.AdamW(p, lr=0.01),
-        **{"train_data": data(), "train_step": mse_step, **kwargs},
+        **{"train_data": linear_data(64), "train_step": mse_step, **kwargs},
     )  # fmt: skip
     trainer.fit()
     return trainer
-
-
-def summary(trainer: phalanx.Trainer) -> dict[str, Any]:
-    history = trainer.history
-    return {"losses": [h["loss"] for h in history if "loss" in h],
-            "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
-            "params": flat(trainer.model)}  # fmt: skip
 
 
 @contextmanager
@@ -107,7 +72,7 @@ def scenario_accum(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
                          "train.fsdp_reduce_every_micro_batch=true"],
     }.items():  # fmt: skip
         with counting_reduce_scatters() as count:
-            trainer = fit(d, Net, *overrides)
+            trainer = fit(d, FcNet, *overrides)
         runs[name] = {**summary(trainer), "reduce_scatters": count[0]}
     return runs
 
@@ -121,7 +86,7 @@ def scenario_compile(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
         "compiled_ac": ["train.compile=true", "train.activation_checkpointing=full"],
     }.items():  # fmt: skip
         counters.clear()
-        trainer = fit(d, Net, *overrides)
+        trainer = fit(d, FcNet, *overrides)
         root = unwrap(trainer.model)
         runs[name] = {
             **summary(trainer), "root_is_module": trainer.model is root,
@@ -130,23 +95,6 @@ def scenario_compile(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
             "graphs": counters["stats"]["unique_graphs"],
         }  # fmt: skip
     return runs
-
-
-class TiedLM(nn.Module):
-    """Token embedding and output head share one weight, tied the usual way."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(VOCAB, WIDTH)
-        self.blocks = nn.ModuleList(Block() for _ in range(2))
-        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
-        self.head.weight = self.tok.weight
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
 
 
 def tokens(n: int = 64) -> TensorDataset:
@@ -190,16 +138,7 @@ def scenario_tied(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     return runs
 
 
-def main() -> None:
-    scenario, out = sys.argv[1], Path(sys.argv[2])
-    out.mkdir(parents=True, exist_ok=True)
-    with phalanx.distributed(phalanx.DistConfig(timeout_s=120)) as d:
-        result = SCENARIOS[scenario](d, {"out": str(out)})
-        if d.env.is_main_process:
-            (out / f"{scenario}.json").write_text(json.dumps(result))
-
-
 SCENARIOS = {"accum": scenario_accum, "compile": scenario_compile, "tied": scenario_tied}
 
 if __name__ == "__main__":
-    main()
+    run_scenarios(SCENARIOS, timeout_s=120)

@@ -1,5 +1,5 @@
-"""What the Trainer test workers share: a small regression problem, its model and step, a
-config helper, a Trainer run and the plain DDP loop it is compared with."""
+"""What the scenario workers share: small regression problems and their steps, config helpers,
+a Trainer run and the plain DDP loop it is compared with (models: toy_models.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset
+from toy_models import DIM, regression_mlp  # same folder: sys.path[0]
 
 import phalanx
 from phalanx.config import load
-from phalanx.train import unwrap
+from phalanx.train import model_state_dict, unwrap
 
-N, DIM = 96, 6
+N = 96
 
 
 def regression_data(n: int = N, bad_index: int | None = None) -> TensorDataset:
@@ -26,9 +27,11 @@ def regression_data(n: int = N, bad_index: int | None = None) -> TensorDataset:
     return TensorDataset(x, y)
 
 
-def make_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(DIM, 16), nn.Tanh(), nn.Linear(16, 1))
+def linear_data(n: int) -> TensorDataset:
+    """A noiseless linear target (the large-model and HSDP scenarios')."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, DIM, generator=gen)
+    return TensorDataset(x, x @ torch.randn(DIM, 1, generator=gen))
 
 
 def mse_step(model: nn.Module, batch: Any) -> torch.Tensor:
@@ -47,6 +50,34 @@ def config(*overrides: str) -> phalanx.TrainerConfig:
     return load(phalanx.TrainerConfig, overrides=[*base, *overrides])
 
 
+def short_config(*overrides: str) -> phalanx.TrainerConfig:
+    """3 steps of batch 4, sharded checkpoints, none at the end."""
+    base = ["data.shuffle=false", "data.num_workers=0", "data.batch_size=4", "train.log_every=1",
+            "train.progress=false", "train.max_steps=3", "checkpoint.sharded=true",
+            "checkpoint.at_end=false"]  # fmt: skip
+    return load(phalanx.TrainerConfig, overrides=[*base, *overrides])
+
+
+def normal_init(model: nn.Module) -> None:
+    """A custom init_weights: every parameter from N(0, 0.1)."""
+    for param in model.parameters():
+        nn.init.normal_(param, std=0.1)
+
+
+def gathered(model: nn.Module) -> list[float]:
+    """The whole model, gathered (a collective under FSDP: every rank calls it)."""
+    state = model_state_dict(model)
+    return [v for k in sorted(state) for v in state[k].flatten().tolist()]
+
+
+def summary(trainer: phalanx.Trainer) -> dict[str, Any]:
+    """The logged losses and gradient norms, and the trained model gathered (a collective)."""
+    history = trainer.history
+    return {"losses": [h["loss"] for h in history if "loss" in h],
+            "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
+            "params": gathered(trainer.model)}  # fmt: skip
+
+
 def flat_params(model: nn.Module) -> list[float]:
     return torch.cat([p.detach().flatten() for p in unwrap(model).parameters()]).tolist()
 
@@ -62,7 +93,7 @@ def trainer_run(
     trainer = phalanx.Trainer(
         d,
         config=cfg,
-        model=make_model(),
+        model=regression_mlp(),
         optimizer=factories[opt],
         train_data=data,
         train_step=mse_step,
@@ -74,7 +105,7 @@ def trainer_run(
 
 def hand_loop(d: phalanx.Dist, data: TensorDataset, batch: int, steps: int) -> dict[str, Any]:
     """Plain DDP: rank r takes slice [k*B*W + r*B, +B) of the unshuffled data at step k."""
-    model = DistributedDataParallel(make_model())
+    model = DistributedDataParallel(regression_mlp())
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     x, y = data.tensors
     losses = []

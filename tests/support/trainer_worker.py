@@ -1,27 +1,22 @@
-"""Worker scenarios for Trainer tests: `phalanx run -n N trainer_worker.py SCENARIO OUT [k=v...]`.
-
-Every scenario writes OUT/<scenario>.json from rank 0 (results computed with collectives, so
-the file only exists if all ranks got through).
-"""
+"""Worker scenarios for Trainer tests: `phalanx run -n N trainer_worker.py SCENARIO OUT [k=v...]`
+(scenarios.py: rank 0 writes OUT/<scenario>.json)."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from scenarios import run_scenarios  # same folder: sys.path[0]
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils.data import TensorDataset
-from trainer_common import (  # same folder: sys.path[0]
-    DIM,
+from toy_models import DIM, BufferMark, regression_mlp, seeded_tanh_blocks
+from trainer_common import (
     N,
     config,
     flat_params,
     hand_loop,
-    make_model,
     mse_step,
     per_sample_eval,
     regression_data,
@@ -68,7 +63,7 @@ def count_allreduces(d: phalanx.Dist, accum: int, *, policy: str = "skip") -> in
 
     from phalanx.train import NanGuard, Precision, StepParts, optimizer_step, wrap_model
 
-    model = wrap_model(make_model(), d, strategy="ddp")
+    model = wrap_model(regression_mlp(), d, strategy="ddp")
     parts = StepParts(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
@@ -121,7 +116,7 @@ def scenario_nan_loss(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
 
     def train(data: TensorDataset) -> tuple[phalanx.Trainer, list[dict[str, Any]]]:
         trainer = phalanx.Trainer(
-            d, config=cfg, model=make_model(),
+            d, config=cfg, model=regression_mlp(),
             optimizer=lambda p: torch.optim.AdamW(p, lr=0.01, fused=True),
             train_data=data, train_step=flagged_step,
         )  # fmt: skip
@@ -166,23 +161,6 @@ def scenario_uneven(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     return {"distributed": result, "single": single, "steps": trainer.state.step}
 
 
-class Blocks(nn.Module):
-    """make_model's function with its hidden layer as FSDP units (ModuleList children)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.inp = nn.Linear(DIM, 16)
-        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
-        self.head = nn.Linear(16, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.tanh(self.inp(x))
-        for block in self.blocks:
-            x = x + torch.tanh(block(x))
-        return self.head(x)  # type: ignore[no-any-return]
-
-
 def scenario_fsdp(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     """The same training under DDP and FSDP (clipping, accumulation, uneven evaluation)."""
     data = regression_data(100)
@@ -193,7 +171,7 @@ def scenario_fsdp(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for strategy in ("ddp", "fsdp"):
         trainer = phalanx.Trainer(
-            d, config=config(*common, f"train.strategy={strategy}"), model=Blocks(),
+            d, config=config(*common, f"train.strategy={strategy}"), model=seeded_tanh_blocks(2),
             optimizer=lambda p: torch.optim.AdamW(p, lr=0.01, fused=args.get("fused") == "1"),
             train_data=data, train_step=mse_step, eval_data=data, eval_step=per_sample_eval,
         )  # fmt: skip
@@ -228,23 +206,6 @@ def scenario_metrics(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     return metrics.compute()
 
 
-class BufferMark(nn.Module):
-    """Records its buffer as each training forward finds it, then writes 100 * rank + calls."""
-
-    value: torch.Tensor
-
-    def __init__(self, rank: int) -> None:
-        super().__init__()
-        self.rank, self.calls, self.seen = rank, 0, []  # type: tuple[int, int, list[float]]
-        self.register_buffer("value", torch.zeros(()))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        self.seen.append(float(self.value))
-        self.value.fill_(100 * self.rank + self.calls)
-        return x
-
-
 def scenario_buffers(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     """What each rank's buffer holds when a forward starts, under both buffer settings."""
     seen: dict[str, list[Any]] = {}
@@ -252,7 +213,7 @@ def scenario_buffers(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
         mark = BufferMark(d.env.rank)
         phalanx.Trainer(
             d, config=config("train.max_steps=3", f"train.ddp_broadcast_buffers={sync}"),
-            model=nn.Sequential(make_model(), mark), train_data=regression_data(),
+            model=nn.Sequential(regression_mlp(), mark), train_data=regression_data(),
             optimizer=lambda p: torch.optim.SGD(p, lr=0.05), train_step=mse_step,
         ).fit()  # fmt: skip
         seen[sync] = [None] * d.env.world_size
@@ -273,7 +234,7 @@ def scenario_compile(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any] | 
     if d.env.is_main_process:
         torch.save(state, path)
     phalanx.barrier()
-    eager = make_model()
+    eager = regression_mlp()
     eager.load_state_dict(torch.load(path, weights_only=True))
     with torch.no_grad():
         eager_out = eager(probe).flatten().tolist()
@@ -331,7 +292,7 @@ def scenario_iterable(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     trainer = phalanx.Trainer(
         d,
         config=cfg,
-        model=make_model(),
+        model=regression_mlp(),
         train_data=Stream(),
         optimizer=lambda p: torch.optim.SGD(p, lr=0.05),
         train_step=step,
@@ -344,22 +305,12 @@ def scenario_bad_step(d: phalanx.Dist, args: dict[str, str]) -> None:
     trainer = phalanx.Trainer(
         d,
         config=config("train.max_steps=1"),
-        model=make_model(),
+        model=regression_mlp(),
         optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
         train_data=regression_data(),
         train_step=lambda m, b: None,
     )
     trainer.fit()
-
-
-def main() -> None:
-    scenario, out = sys.argv[1], Path(sys.argv[2])
-    args = {"out": str(out), **dict(a.split("=", 1) for a in sys.argv[3:])}
-    out.mkdir(parents=True, exist_ok=True)
-    with phalanx.distributed(phalanx.DistConfig(timeout_s=60)) as d:
-        result = SCENARIOS[scenario](d, args)
-        if d.env.is_main_process and result is not None:
-            (out / f"{scenario}.json").write_text(json.dumps(result))
 
 
 SCENARIOS = {
@@ -378,4 +329,4 @@ SCENARIOS = {
 }
 
 if __name__ == "__main__":
-    main()
+    run_scenarios(SCENARIOS)
