@@ -1,8 +1,8 @@
 """Sync vs async checkpoint saves on one device: how long training is blocked, and how much
 slower the steps run while the background write goes on.
 
-    python benchmarks/checkpoint.py [--size-mb 300] [--reps 5] [--device cpu|cuda] [--threads 1]
-        [--batch 32] [--writers thread process] [--dir FOLDER] [--out PATH]
+    python benchmarks/checkpoint.py [--size-mb 300] [--reps 5] [--device cpu|cuda] [--batch 32]
+        [--writers thread process] [--dir FOLDER] [--out PATH]
 
 One process trains an MLP whose parameters plus AdamW moments make about `--size-mb` of state.
 Every repetition, each side going first in turn: the baseline step; a synchronous
@@ -21,7 +21,6 @@ import math
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from models import spread, state_bytes, write_record
 from torch import nn
 
 from phalanx.checkpoint.async_saver import AsyncSaver
@@ -50,17 +50,6 @@ def build(size_mb: float, width: int, device: str) -> tuple[nn.Module, torch.opt
     model = nn.Sequential(*blocks).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     return model, optimizer
-
-
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    total = 0
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            total += param.numel() * param.element_size()
-            for value in optimizer.state[param].values():
-                if isinstance(value, torch.Tensor):
-                    total += value.numel() * value.element_size()
-    return total
 
 
 def make_step(
@@ -130,20 +119,6 @@ def one_rep(
     return sample
 
 
-def summarise(samples: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    keys = [k for k in samples[0] if k != "rep"]
-    table = {}
-    for key in keys:
-        values = [s[key] for s in samples]
-        table[key] = {
-            "median": statistics.median(values),
-            "min": min(values),
-            "max": max(values),
-            "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
-        }
-    return table
-
-
 def report(table: dict[str, dict[str, float]], meta: dict[str, Any]) -> None:
     print(
         f"\nstate {meta['state_mb']:.0f} MB on {meta['device']}, batch {meta['batch']}, "
@@ -170,16 +145,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=5, help="repetitions (5 or more to publish)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (CPU mode; see the docstring)"
-    )
-    parser.add_argument(
         "--batch", type=int, default=32,
         help="rows per step: 32 keeps a GPU step launch-bound (the CPU busy, the worst case for "
         "a background writer thread), thousands make it compute-bound like most training",
-    )  # fmt: skip
-    parser.add_argument(
-        "--switch-interval", type=float, default=None,
-        help="sys.setswitchinterval(S) for the run (diagnosis of GIL hand-offs; Python's 0.005)",
     )  # fmt: skip
     parser.add_argument(
         "--writers", nargs="+", choices=["thread", "process"], default=["thread", "process"],
@@ -194,10 +162,8 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    if args.switch_interval is not None:
-        sys.setswitchinterval(args.switch_interval)
     if args.device == "cpu":
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(1)  # leaves a core to the writer
     init_group(DistConfig(launcher="local", setup_logging=False))
     model, optimizer = build(args.size_mb, args.width, args.device)
     step = make_step(model, optimizer, args.width, args.batch, args.device)
@@ -225,7 +191,7 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         shutdown()
-    table = summarise(samples)
+    table = {key: spread(s[key] for s in samples) for key in samples[0] if key != "rep"}
     size = state_bytes(optimizer)
     applies = args.device.startswith("cuda") and size >= 1 << 30
     meta = {
@@ -237,7 +203,6 @@ def main() -> None:
         "batch": args.batch,
         "writers": args.writers,
         "width": args.width,
-        "switch_interval_s": sys.getswitchinterval(),
         "state_mb": size / MIB,
         "checkpoint_dir": str(scratch.parent),
         "reps": len(samples),
@@ -247,9 +212,7 @@ def main() -> None:
         "first_save": first,
     }
     report(table, meta)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({**meta, "table": table, "samples": samples}, indent=2))
-    print(f"wrote {args.out}")
+    write_record(args.out, {**meta, "table": table, "samples": samples}, indent=2)
 
 
 if __name__ == "__main__":

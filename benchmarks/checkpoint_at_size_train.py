@@ -8,7 +8,7 @@ A hand-written FSDP loop (`wrap_model`, bf16) on models.py's Llama-shaped decode
 `ControlPlane` all-reduce that no rank is still writing; `finish_pending` commits). phase=train:
 per mode (sync, async with writer process or thread; one Checkpointer each, on one
 `CheckpointStore` whose methods are wrapped with timers) `bench.reps` saves, each after
-`bench.baseline_steps` timed steps; a thread samples host memory. phase=resume: a fresh job
+`bench.baseline_steps` timed steps. phase=resume: a fresh job
 resumes (checkpoint.resume=auto) and trains one step; rank 0 reports the clock at each stage.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -23,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from checkpoint_at_size import HostSampler, host_memory, status_kb
-from models import LLAMA_SIZES, Tokens, llama
+from models import LLAMA_SIZES, Tokens, llama, state_bytes
 from torch import nn
 
 import phalanx
@@ -150,6 +150,20 @@ def ends_before(
     return wrapper
 
 
+class WriteEnd:
+    """When `writing()` first reads False, polled every 50 ms from a thread: this rank's async
+    write's end, which the loop itself only sees at its next step."""
+
+    def __init__(self, writing: Callable[[], bool]) -> None:
+        self.at: float | None = None
+        threading.Thread(target=self._watch, args=(writing,), daemon=True).start()
+
+    def _watch(self, writing: Callable[[], bool]) -> None:
+        while writing():
+            time.sleep(0.05)
+        self.at = time.perf_counter()
+
+
 class SaveDriver:
     """Baseline steps, a save, steps until its commit; one mode after the other (see top)."""
 
@@ -174,7 +188,7 @@ class SaveDriver:
         self.active = self.checkpointers[self.schedule[0]]  # the one whose save may be in flight
         self.used: set[str] = set()
         self.samples: list[dict[str, Any]] = []
-        self.sampler = HostSampler()
+        self.write_end: WriteEnd | None = None
         self.times: list[float] = []  # step durations since the last save (or commit)
         self.writing = False
         self.current: dict[str, Any] = {}
@@ -190,7 +204,6 @@ class SaveDriver:
         return time.perf_counter()
 
     def start(self) -> None:
-        self.sampler.start()
         self.last = self._now()
 
     def step_end(self, state: phalanx.TrainState) -> None:
@@ -206,7 +219,6 @@ class SaveDriver:
         baseline = sorted(self.times[2:])[len(self.times[2:]) // 2]
         self.active = checkpointer = self.checkpointers[mode]
         self.timers.clear()
-        self.sampler.reset(None)
         start = self._now()
         checkpointer.save(state)
         blocked = self._now() - start
@@ -223,7 +235,7 @@ class SaveDriver:
             self.current["write_end_s"] = self.timers["files"] - start
             self._committed()
             return
-        self.sampler.reset(lambda: checkpointer.writing)
+        self.write_end = WriteEnd(lambda: checkpointer.writing)
         self.writing = True
 
     def _after_async_step(self) -> None:
@@ -237,7 +249,7 @@ class SaveDriver:
             sample["blocked_s"] += self._now() - start
         sample["slowdown_s"] = sum(t - sample["baseline_step_s"] for t in self.times)
         sample["steps_during_write"] = len(self.times)
-        end = self.sampler.write_end or self.timers.get("commit_end")
+        end = (self.write_end.at if self.write_end else None) or self.timers.get("commit_end")
         sample["write_end_s"] = end - sample["start"] if end else float("nan")
         sample["write_s"] = sample["write_end_s"]
         self.writing = False
@@ -250,7 +262,6 @@ class SaveDriver:
             sample["commit_end_s"] = self.timers["commit_end"] - sample["start"]
             path = self.store.step_dir(sample["step"])
             sample["bytes"] = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-        sample.update({f"peak_{key}": value for key, value in self.sampler.peaks.items()})
         self.samples.append(sample)
         if self.rank == 0:
             print(json.dumps({"sample": sample}), flush=True)
@@ -259,7 +270,6 @@ class SaveDriver:
             shutil.rmtree(self.store.step_dir(sample["step"]))
 
     def close(self, *, failed: bool) -> None:
-        self.sampler.stop()
         for checkpointer in self.checkpointers.values():
             checkpointer.close(failed=failed)
 
@@ -287,27 +297,12 @@ def train(parts: Parts, run_dir: Path) -> None:
         failed = False
     finally:
         driver.close(failed=failed)
-    record = {
-        "rank": driver.rank, "samples": driver.samples,
-        "vm_hwm_gb": status_kb("self", "VmHWM") / 1e6,
-        "state_bytes": state_bytes(parts.optimizer), "end_memory": host_memory(),
-    }  # fmt: skip
+    record = {"rank": driver.rank, "samples": driver.samples,
+              "state_bytes": state_bytes(parts.optimizer)}  # fmt: skip
     ranks = all_gather_object(record)
     if driver.rank == 0 and parts.cfg.bench.out:
         result = {"ranks": ranks, "last_step": state.step, "run_dir": str(run_dir)}
         Path(parts.cfg.bench.out).write_text(json.dumps(result, indent=1))
-
-
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """This rank's share of parameters and optimizer state."""
-    total = 0
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            for value in [param, *optimizer.state[param].values()]:
-                if isinstance(value, torch.Tensor):
-                    local = value.to_local() if hasattr(value, "to_local") else value
-                    total += local.numel() * local.element_size()
-    return total
 
 
 def resume(parts: Parts, run_dir: Path, marks: dict[str, float]) -> None:

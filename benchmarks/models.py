@@ -1,12 +1,19 @@
 """The models and synthetic data every benchmark script shares: a GPT-2-shaped decoder (the
 step-overhead model), a Llama-shaped decoder (FSDP and checkpoints at size), the Horovod
 example's classifier, and random token windows. Each size has a `tiny` entry for CPU smoke
-tests. Both sides of a comparison build their model from here, so they train the same thing."""
+tests. Both sides of a comparison build their model from here, so they train the same thing.
+The last section holds the record helpers the scripts share (spreads, machine, state size)."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+import json
+import platform
+import shutil
+import statistics
+import subprocess
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -195,3 +202,71 @@ def classifier(name: str | None) -> tuple[str, Callable[[], nn.Module], int]:
     if models is None:
         raise SystemExit(f"--model {name} needs torchvision (pip install torchvision)")
     return name, getattr(models, name), 224
+
+
+# Shared record helpers: every script's JSON record is built from these.
+
+
+def spread(values: Iterable[float]) -> dict[str, float]:
+    """Median, min, max, stdev and count: how every record states a repeated measurement."""
+    v = list(values)
+    stdev = statistics.stdev(v) if len(v) > 1 else 0.0
+    return {
+        "median": statistics.median(v),
+        "min": min(v),
+        "max": max(v),
+        "stdev": stdev,
+        "n": len(v),
+    }
+
+
+def summarise(samples: list[dict[str, Any]], by: str, keys: Iterable[str]) -> dict[str, Any]:
+    """Per value of sample[by], in order of appearance: the spread of each key its samples have."""
+    table: dict[str, Any] = {}
+    for name in dict.fromkeys(s[by] for s in samples):
+        rows = [s for s in samples if s[by] == name]
+        table[name] = {k: spread(float(s[k]) for s in rows if k in s)
+                       for k in keys if any(k in s for s in rows)}  # fmt: skip
+    return table
+
+
+def local_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of this rank's part of `tensors` (a DTensor's local shard); non-tensors skipped."""
+    total = 0
+    for value in tensors:
+        if isinstance(value, torch.Tensor):
+            local = value.to_local() if hasattr(value, "to_local") else value
+            total += local.numel() * local.element_size()
+    return total
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """This rank's share of parameters and optimizer state."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return local_bytes([*params, *(v for p in params for v in optimizer.state[p].values())])
+
+
+def status_kb(key: str, pid: int | str = "self") -> int:
+    """A /proc/PID/status field in kB (VmRSS, VmHWM); 0 once the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def machine() -> dict[str, Any]:
+    """The host, its GPUs (nvidia-smi), torch and Python: who measured a record."""
+    query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+    found = shutil.which("nvidia-smi")
+    gpus = subprocess.run(query, capture_output=True, text=True, check=False) if found else None
+    return {"host": platform.node(), "gpus": gpus.stdout.strip().splitlines() if gpus else [],
+            "torch": torch.__version__, "python": platform.python_version()}  # fmt: skip
+
+
+def write_record(out: Path, record: dict[str, Any], indent: int = 1) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=indent) + "\n")
+    print(f"wrote {out}", flush=True)
