@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +30,6 @@ from torch import nn
 
 import phalanx
 from phalanx.checkpoint import CheckpointStore
-from phalanx.config.training import CheckpointConfig, PrecisionName, Strategy
 from phalanx.data.loader import make_train_loader
 from phalanx.dist.collectives import all_gather_object
 from phalanx.dist.control import ControlPlane
@@ -39,24 +39,17 @@ from phalanx.train.precision import Precision as Amp
 
 @dataclass(frozen=True, kw_only=True)
 class Bench:
-    phase: str = "train"
-    """train (the saves) or resume (one step from the newest checkpoint)."""
-    shape: str = "20gb"
-    """Model size (benchmarks/models.py's LLAMA_SIZES): tiny, small or 20gb."""
-    seq: int = 2048
-    """Tokens per sample."""
-    reps: int = 5
-    """Saves per mode."""
-    modes: str = "sync,process,thread"
-    """Comma-separated: sync, process, thread; each repetition starts with the next one."""
-    baseline_steps: int = 10
-    """Steps timed before each save; the first two are dropped (they absorb the deletion)."""
-    max_write_steps: int = 5000
-    """Steps after an async save before the benchmark waits for the write itself."""
-    out: str = ""
-    """JSON file (rank 0)."""
-    t0: float = 0.0
-    """resume: time.time() when the launcher started torchrun."""
+    """This benchmark's settings (bench.x=y)."""
+
+    phase: str = "train"  # train (the saves) or resume (one step from the newest checkpoint)
+    shape: str = "20gb"  # model size: models.py's LLAMA_SIZES
+    seq: int = 2048  # tokens per sample
+    reps: int = 5  # saves per mode
+    modes: str = "sync,process,thread"  # each repetition starts with the next one
+    baseline_steps: int = 10  # timed before each save; the first two (the deletion's) dropped
+    max_write_steps: int = 5000  # steps after an async save before waiting for its write
+    out: str = ""  # JSON file (rank 0)
+    t0: float = 0.0  # resume: time.time() when the launcher started torchrun
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,37 +107,19 @@ def build(d: phalanx.Dist, cfg: BenchConfig) -> Parts:
     return Parts(d, model, optimizer, Amp(train.precision, d.device), cfg)
 
 
-def timed(fn: Callable[..., Any], record: dict[str, float], key: str) -> Callable[..., Any]:
-    """`fn`, with its duration and end time stored in record[key], record[key + '_end']."""
+def stamped(
+    fn: Callable[..., Any], record: dict[str, float], first: str = "", last: str = "",
+    until: str = "",
+) -> Callable[..., Any]:  # fmt: skip
+    """`fn`, stamping perf_counter() into record: record[first] at the start of its first call
+    (since record was cleared), record[last] at the end of each call made before record[until]."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        if first:
+            record.setdefault(first, time.perf_counter())
         result = fn(*args, **kwargs)
-        record[key], record[key + "_end"] = time.perf_counter() - start, time.perf_counter()
-        return result
-
-    return wrapper
-
-
-def first_call(fn: Callable[..., Any], record: dict[str, float], key: str) -> Callable[..., Any]:
-    """`fn`, with the start time of its first call since record[key] was cleared in record."""
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        record.setdefault(key, time.perf_counter())
-        return fn(*args, **kwargs)
-
-    return wrapper
-
-
-def ends_before(
-    fn: Callable[..., Any], record: dict[str, float], key: str, until: str
-) -> Callable[..., Any]:
-    """`fn`, with the end time of its last call before record[until] was set in record[key]."""
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        result = fn(*args, **kwargs)
-        if until not in record:
-            record[key] = time.perf_counter()
+        if last and until not in record:
+            record[last] = time.perf_counter()
         return result
 
     return wrapper
@@ -174,12 +149,14 @@ class SaveDriver:
         self.bench, self.rank, self.store = bench, parts.d.env.rank, store
         self.cuda = parts.d.device.type == "cuda"
         self.timers: dict[str, float] = {}
-        store.commit = timed(store.commit, self.timers, "commit")  # type: ignore[method-assign]
+        t = self.timers
         # A save's files: partial_dir (also for DCP's folder), the sync DCP write, rank-K.pt
         # (its `write`): the sync write is from the end of the last partial_dir to that write.
-        dirs = ends_before(store.partial_dir, self.timers, "dir_end", until="files")
-        store.partial_dir = dirs  # type: ignore[method-assign]
-        store.write = first_call(store.write, self.timers, "files")  # type: ignore[method-assign]
+        timed = {"commit": stamped(store.commit, t, "commit", "commit_end"),
+                 "partial_dir": stamped(store.partial_dir, t, last="dir_end", until="files"),
+                 "write": stamped(store.write, t, first="files")}  # fmt: skip
+        for name, method in timed.items():
+            setattr(store, name, method)
         self.checkpointers = {
             mode: parts.checkpointer(store, sharded=True, async_save=mode != "sync",
                                      **({} if mode == "sync" else {"async_writer": mode}))
@@ -258,7 +235,7 @@ class SaveDriver:
     def _committed(self) -> None:
         sample = self.current
         if "commit" in self.timers:  # rank 0
-            sample["commit_s"] = self.timers["commit"]
+            sample["commit_s"] = self.timers["commit_end"] - self.timers["commit"]
             sample["commit_end_s"] = self.timers["commit_end"] - sample["start"]
             path = self.store.step_dir(sample["step"])
             sample["bytes"] = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -324,40 +301,19 @@ def resume(parts: Parts, run_dir: Path, marks: dict[str, float]) -> None:
     checkpointer.close()
 
 
-@dataclass(frozen=True, kw_only=True)
-class Train(phalanx.TrainConfig):
-    strategy: Strategy = "fsdp"
-    precision: PrecisionName = "bf16"
-    max_steps: int = 10**9
-    log_every: int = 1000
-    progress: bool = False
-    hang_timeout_s: float = 0.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Data(phalanx.DataConfig):
-    batch_size: int = 2
-    num_workers: int = 0
-    shuffle: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class Checkpoint(CheckpointConfig):
-    sharded: bool = True
-    at_end: bool = False
-    keep_last: int = 100  # the benchmark deletes the checkpoints itself
-
-
-@dataclass(frozen=True, kw_only=True)
-class Config(BenchConfig):
-    train: Train = field(default_factory=Train)
-    data: Data = field(default_factory=Data)
-    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+# The loop's settings; the command line's come after them and win.
+DEFAULTS = [
+    "train.strategy=fsdp", "train.precision=bf16", "train.max_steps=1000000000",
+    "train.log_every=1000", "train.progress=false", "train.hang_timeout_s=0",
+    "data.batch_size=2", "data.num_workers=0", "data.shuffle=false",
+    "checkpoint.sharded=true", "checkpoint.at_end=false",
+    "checkpoint.keep_last=100",  # the benchmark deletes the checkpoints itself
+]  # fmt: skip
 
 
 def main() -> None:
     started = time.time()
-    cfg = phalanx.parse_config(Config)
+    cfg = phalanx.parse_config(BenchConfig, [*DEFAULTS, *sys.argv[1:]])
     bench = cfg.bench
     with phalanx.distributed(cfg) as d:
         marks = {"t0": bench.t0 or started, "main": started, "group": time.time()}

@@ -21,9 +21,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
-import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,7 +31,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from models import LLAMA_SIZES, PEAK_FLOPS, llama, llama_params
+from models import (
+    LLAMA_SIZES,
+    PEAK_FLOPS,
+    llama,
+    llama_params,
+    machine,
+    status_kb,
+    summarise,
+    write_record,
+)  # fmt: skip
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "fsdp_llama_train.py"
@@ -185,14 +191,6 @@ def _ranks(torchrun_pid: int) -> list[int]:
     return pids
 
 
-def _hwm_gib(pid: int) -> float:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 2**20
-    return 0.0
-
-
 def launch(cmd: list[str], timeout_s: float) -> dict[str, Any]:
     """Run one torchrun job; its last JSON line, the ranks' peak RSS (polled) and wall time."""
     start = time.perf_counter()
@@ -201,7 +199,7 @@ def launch(cmd: list[str], timeout_s: float) -> dict[str, Any]:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
         while proc.poll() is None and time.perf_counter() - start < timeout_s:
             for pid in _ranks(proc.pid):
-                peaks[pid] = max(peaks.get(pid, 0.0), _hwm_gib(pid))
+                peaks[pid] = max(peaks.get(pid, 0.0), status_kb("VmHWM", pid) / 2**20)
             time.sleep(0.2)
         if proc.poll() is None:
             proc.kill()
@@ -230,18 +228,12 @@ def with_derived(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def summarise(samples: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    table: dict[str, dict[str, dict[str, float]]] = {}
+def table_of(samples: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per case: each key's spread over the runs without errors, and the count of errors."""
+    table = summarise([s for s in samples if "error" not in s], "case", KEYS)
     for name in dict.fromkeys(s["case"] for s in samples):
-        rows = [s for s in samples if s["case"] == name and "error" not in s]
-        table[name] = {
-            "errors": {"median": len([s for s in samples if s["case"] == name]) - len(rows)}
-        }
-        for key in KEYS:
-            values = [float(s[key]) for s in rows if key in s]
-            if values:
-                table[name][key] = {"median": statistics.median(values), "min": min(values),
-                                    "max": max(values), "n": len(values)}  # fmt: skip
+        errors = sum(s["case"] == name and "error" in s for s in samples)
+        table.setdefault(name, {})["errors"] = {"median": errors}
     return table
 
 
@@ -324,15 +316,6 @@ def parse() -> argparse.Namespace:
     return parser.parse_args()  # fmt: skip
 
 
-def machine() -> dict[str, Any]:
-    gpus = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-        capture_output=True, text=True, check=False,
-    ).stdout.strip().splitlines() if shutil.which("nvidia-smi") else []  # fmt: skip
-    return {"host": platform.node(), "gpus": gpus, "torch": torch.__version__,
-            "python": platform.python_version()}  # fmt: skip
-
-
 def main() -> None:
     if sys.argv[1:2] == ["hand"]:
         hand_main(sys.argv[2:])
@@ -348,13 +331,9 @@ def main() -> None:
                 sample = with_derived(launch(command(case, args, cuda, root), args.timeout_s))
                 sample.update(case=case["name"], rep=rep)
                 samples.append(sample)
-                print(
-                    json.dumps(
-                        {k: v for k, v in sample.items() if k not in ("ranks", "stderr_tail")}
-                    ),
-                    flush=True,
-                )
-    table = summarise(samples)
+                brief = {k: v for k, v in sample.items() if k not in ("ranks", "stderr_tail")}
+                print(json.dumps(brief), flush=True)
+    table = table_of(samples)
     result = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([sys.executable, *sys.argv]), "machine": info,
@@ -363,9 +342,7 @@ def main() -> None:
         "goals": goals(table, args.size),
     }  # fmt: skip
     report(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out} ({result['total_s']:.0f} s)")
+    write_record(args.out, result)
 
 
 if __name__ == "__main__":

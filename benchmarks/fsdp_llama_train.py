@@ -16,17 +16,25 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from models import LLAMA_SIZES, PEAK_FLOPS, Tokens, llama, llama_params, lm_step
-from torch import nn
+from models import (
+    LLAMA_SIZES,
+    PEAK_FLOPS,
+    Tokens,
+    llama,
+    llama_params,
+    lm_step,
+    local_bytes,
+    status_kb,
+)
 
 import phalanx
-from phalanx.config.training import CheckpointConfig, PrecisionName, Strategy
 from phalanx.dist.collectives import all_gather_object
 
 
@@ -55,36 +63,19 @@ class Bench:
     """time.time() when the launcher started torchrun (0: this process's start)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Train(phalanx.TrainConfig):
-    strategy: Strategy = "fsdp"
-    precision: PrecisionName = "bf16"
-    clip_grad_norm: float = 1.0
-    log_every: int = 10**6
-    progress: bool = False
-    nan_policy: str = "skip"  # type: ignore[assignment]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Data(phalanx.DataConfig):
-    batch_size: int = 1
-    num_workers: int = 0
-    shuffle: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class Checkpoint(CheckpointConfig):
-    sharded: bool = True
-    at_end: bool = False
+# The hand loop's settings (`fsdp_llama.py hand`); the command line's come after them and win.
+DEFAULTS = [
+    "train.strategy=fsdp", "train.precision=bf16", "train.clip_grad_norm=1.0",
+    "train.log_every=1000000", "train.progress=false", "train.nan_policy=skip",
+    "data.batch_size=1", "data.num_workers=0", "data.shuffle=false",
+    "checkpoint.sharded=true", "checkpoint.at_end=false",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
 class Config(phalanx.TrainerConfig):
     bench: Bench = field(default_factory=Bench)
     """This benchmark's settings."""
-    train: Train = field(default_factory=Train)
-    data: Data = field(default_factory=Data)
-    checkpoint: Checkpoint = field(default_factory=Checkpoint)
 
 
 class Marks(phalanx.Callback):
@@ -102,22 +93,6 @@ class Marks(phalanx.Callback):
             self.at[step] = time.time()
 
 
-def status_kb(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def shard_bytes(model: nn.Module) -> int:
-    """This rank's parameters in host terms: the local shard under FSDP, everything under DDP."""
-    total = 0
-    for param in model.parameters():
-        local = param.to_local() if hasattr(param, "to_local") else param
-        total += local.numel() * local.element_size()
-    return total
-
-
 def train(d: phalanx.Dist, cfg: Config, record: dict[str, Any]) -> None:
     bench, cuda = cfg.bench, d.device.type == "cuda"
     marks = Marks(bench)
@@ -129,7 +104,7 @@ def train(d: phalanx.Dist, cfg: Config, record: dict[str, Any]) -> None:
         optimizer=lambda p: torch.optim.AdamW(p, lr=3e-4, fused=cuda), callbacks=[marks],
     )  # fmt: skip
     record["trainer_s"] = time.time() - built
-    record["shard_GiB"] = shard_bytes(trainer.model) / 2**30
+    record["shard_GiB"] = local_bytes(trainer.model.parameters()) / 2**30
     history = trainer.fit()
     last = bench.warmup + bench.steps
     step_s = (marks.at[last] - marks.at[bench.warmup]) / bench.steps
@@ -145,7 +120,7 @@ def train(d: phalanx.Dist, cfg: Config, record: dict[str, Any]) -> None:
 
 def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
-    cfg = phalanx.parse_config(Config)
+    cfg = phalanx.parse_config(Config, [*DEFAULTS, *sys.argv[1:]])
     train_cfg, bench = cfg.train, cfg.bench
     assert bench.size in LLAMA_SIZES, f"bench.size={bench.size}: one of {sorted(LLAMA_SIZES)}"
     out: dict[str, Any] = {

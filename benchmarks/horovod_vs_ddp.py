@@ -37,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 import phalanx
 import phalanx.horovod as hvd
 from phalanx.config import load
+from phalanx.horovod.runtime import RUNTIME
 from phalanx.train.strategy import ddp_buffer_sync  # the keyword this torch has, no warning
 
 RESULTS = Path(__file__).parent / "results"
@@ -76,16 +77,9 @@ def slowest(start: Span, end: Span) -> Span:
     """Each of the window's measures, the largest over ranks: a step is as slow as its
     slowest rank."""
     value = torch.tensor([b - a for a, b in zip(start, end, strict=True)], dtype=torch.float64)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=hvd_cpu_group())
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=RUNTIME.cpu_group)  # gloo: a CPU tensor
     wall, cpu, switches = value.tolist()
     return wall, cpu, switches
-
-
-def hvd_cpu_group() -> Any:
-    """A gloo group for the timing scalar (CPU tensor) also when the job runs on NCCL."""
-    from phalanx.horovod.runtime import RUNTIME
-
-    return RUNTIME.cpu_group
 
 
 def run_shim(

@@ -26,7 +26,6 @@ pairs' ratios and MFU (against 989 TFLOP/s at --size gpt2); writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from models import GPT_SIZES, Tokens, gpt, gpt_mfu, hand_batches, lm_step
+from models import GPT_SIZES, Tokens, gpt, gpt_mfu, hand_batches, lm_step, write_record
 from torch import nn
 
 import phalanx
@@ -178,13 +177,11 @@ def report(args: argparse.Namespace, d: phalanx.Dist, times: dict[str, list[floa
     print(f"overhead of the medians {t_med / h_med - 1:+.2%} ({verdict}); "
           f"median of the pairs' ratios {paired:+.2%}")  # fmt: skip
     out = args.out or Path("benchmarks/results") / f"step_overhead_{world}x{d.device.type}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     record = {"device": name, "world": world, "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "args": vars(args) | {"out": str(out)},
               "hand_ms": hand, "trainer_ms": ours, "hand_median": h_med, "trainer_median": t_med,
               "overhead": t_med / h_med - 1, "paired": paired}  # fmt: skip
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_record(out, record)
 
 
 def main() -> None:
