@@ -8,8 +8,8 @@ A hand-written FSDP loop (`wrap_model`, bf16) on models.py's Llama-shaped decode
 `ControlPlane` all-reduce that no rank is still writing; `finish_pending` commits). phase=train:
 per mode (sync, async with writer process or thread; one Checkpointer each, on one
 `CheckpointStore` whose methods are wrapped with timers) `bench.reps` saves, each after
-`bench.baseline_steps` timed steps. phase=resume: a fresh job
-resumes (checkpoint.resume=auto) and trains one step; rank 0 reports the clock at each stage.
+`bench.baseline_steps` timed steps. phase=resume: a fresh job resumes (checkpoint.resume=auto)
+and trains one step; rank 0 reports the clock at each stage.
 """
 
 from __future__ import annotations

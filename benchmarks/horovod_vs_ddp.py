@@ -2,7 +2,7 @@
 against the same model and batch trained by phalanx.Trainer with DDP (goal: within 5%).
 
     torchrun --standalone --nproc_per_node=2 benchmarks/horovod_vs_ddp.py [--reps 5]
-        [--sides shim hand_ddp ddp] [--model resnet18|small|linear] [--out PATH]
+        [--sides shim hand_ddp ddp] [--model resnet18|small] [--out PATH]
     torchrun --standalone --nproc_per_node=1 benchmarks/horovod_vs_ddp.py --smoke   # CPU
 
 The sides run in the same processes, interleaved (the order rotates each repetition): the shim
@@ -12,8 +12,7 @@ goal's comparison). Each repetition builds the model from seed 0 and trains --wa
 untimed then --steps timed steps of one fixed batch per rank (SGD, lr 0.01 x world size, as
 examples/horovod/synthetic_benchmark.py); a repetition's time is the slowest rank's. Prints
 img/s per GPU (median, spread, paired by repetition) and per step the wall ms, the launching
-thread's CPU ms and its voluntary context switches; writes JSON. `--model linear` (one linear
-layer on 2x2 images) leaves the loops' own host work alone, on any CPU.
+thread's CPU ms and its voluntary context switches; writes JSON.
 """
 
 from __future__ import annotations
@@ -246,7 +245,7 @@ def comparisons(sides: dict[str, Any]) -> dict[str, tuple[float, float]]:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="torchvision model, 'small' or 'linear'")
+    parser.add_argument("--model", default=None, help="torchvision model or 'small'")
     parser.add_argument("--batch-size", type=int, default=32, help="images per rank and step")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps (a logging point)")
     parser.add_argument("--steps", type=int, default=100, help="timed steps, a multiple of warmup")

@@ -174,18 +174,6 @@ class SmallNet(nn.Module):
         return self.fc(torch.flatten(x, 1))  # type: ignore[no-any-return]
 
 
-class LinearNet(nn.Module):
-    """One linear layer on 2x2 images: a step with almost no model work, so that sides differ
-    by their loops' own host work alone."""
-
-    def __init__(self, num_classes: int = 1000) -> None:
-        super().__init__()
-        self.fc = nn.Linear(3 * 2 * 2, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(x, 1))  # type: ignore[no-any-return]
-
-
 def classifier(name: str | None) -> tuple[str, Callable[[], nn.Module], int]:
     """(name, constructor, image size) of an image classifier, the Horovod example's default:
     torchvision's resnet18 where torchvision is installed, SmallNet otherwise."""
@@ -197,8 +185,6 @@ def classifier(name: str | None) -> tuple[str, Callable[[], nn.Module], int]:
         name = "resnet18" if models is not None else "small"
     if name == "small":
         return name, SmallNet, 32
-    if name == "linear":
-        return name, LinearNet, 2
     if models is None:
         raise SystemExit(f"--model {name} needs torchvision (pip install torchvision)")
     return name, getattr(models, name), 224
