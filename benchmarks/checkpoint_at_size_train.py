@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from models import LLAMA_SIZES, Tokens, llama, state_bytes
+from models import LLAMA_SIZES, Tokens, llama, state_bytes, synced
 from torch import nn
 
 import phalanx
@@ -147,7 +147,7 @@ class SaveDriver:
         turns = [modes[rep % len(modes) :] + modes[: rep % len(modes)] for rep in range(bench.reps)]
         self.schedule = [mode for turn in turns for mode in turn]
         self.bench, self.rank, self.store = bench, parts.d.env.rank, store
-        self.cuda = parts.d.device.type == "cuda"
+        self.device = parts.d.device
         self.timers: dict[str, float] = {}
         t = self.timers
         # A save's files: partial_dir (also for DCP's folder), the sync DCP write, rank-K.pt
@@ -175,30 +175,25 @@ class SaveDriver:
     def done(self) -> bool:
         return len(self.samples) == len(self.schedule)
 
-    def _now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
     def start(self) -> None:
-        self.last = self._now()
+        self.last = synced(self.device)
 
     def step_end(self, state: phalanx.TrainState) -> None:
-        self.times.append(self._now() - self.last)
+        self.times.append(synced(self.device) - self.last)
         if self.writing:
             self._after_async_step()
         elif len(self.times) >= self.bench.baseline_steps:
             self._save(state)
-        self.last = self._now()
+        self.last = synced(self.device)
 
     def _save(self, state: phalanx.TrainState) -> None:
         mode = self.schedule[len(self.samples)]
         baseline = sorted(self.times[2:])[len(self.times[2:]) // 2]
         self.active = checkpointer = self.checkpointers[mode]
         self.timers.clear()
-        start = self._now()
+        start = synced(self.device)
         checkpointer.save(state)
-        blocked = self._now() - start
+        blocked = synced(self.device) - start
         self.current = {
             "mode": mode, "step": state.step, "first": mode not in self.used,
             "baseline_step_s": baseline, "save_call_s": blocked,
@@ -221,9 +216,9 @@ class SaveDriver:
         if pending and len(self.times) < self.bench.max_write_steps:
             return
         if pending:  # the write outlasted max_write_steps
-            start = self._now()
+            start = synced(self.device)
             checkpointer.finish_pending()
-            sample["blocked_s"] += self._now() - start
+            sample["blocked_s"] += synced(self.device) - start
         sample["slowdown_s"] = sum(t - sample["baseline_step_s"] for t in self.times)
         sample["steps_during_write"] = len(self.times)
         end = (self.write_end.at if self.write_end else None) or self.timers.get("commit_end")

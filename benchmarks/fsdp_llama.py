@@ -39,8 +39,9 @@ from models import (
     machine,
     status_kb,
     summarise,
+    synced,
     write_record,
-)  # fmt: skip
+)
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "fsdp_llama_train.py"
@@ -173,12 +174,6 @@ def hand_main(argv: list[str]) -> None:
     if rank == 0:
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()
-
-
-def synced(dev: torch.device) -> float:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    return time.perf_counter()
 
 
 def _ranks(torchrun_pid: int) -> list[int]:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from models import classifier, write_record
+from models import classifier, synced, write_record
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -55,11 +55,6 @@ class Batch:
 
     def loss(self, model: nn.Module) -> torch.Tensor:
         return F.cross_entropy(model(self.data), self.target)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 Span = tuple[float, float, float]
@@ -123,11 +118,11 @@ def run_hand_ddp(
 def timed(step: Callable[[], None], args: argparse.Namespace, device: torch.device) -> Span:
     for _ in range(args.warmup):
         step()
-    sync(device)
+    synced(device)
     start = clock()
     for _ in range(args.steps):
         step()
-    sync(device)
+    synced(device)
     return slowest(start, clock())
 
 
@@ -153,7 +148,7 @@ class Timer(phalanx.Callback[phalanx.Trainer]):
 
     def on_step_end(self, trainer: phalanx.Trainer) -> None:
         if trainer.state.step in self.at:
-            sync(self.device)
+            synced(self.device)
             self.marks[trainer.state.step] = clock()
 
 

@@ -12,6 +12,7 @@ import platform
 import shutil
 import statistics
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -230,6 +231,13 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """This rank's share of parameters and optimizer state."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     return local_bytes([*params, *(v for p in params for v in optimizer.state[p].values())])
+
+
+def synced(device: torch.device) -> float:
+    """perf_counter() once the device's queued work is done: what every timed window is between."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def status_kb(key: str, pid: int | str = "self") -> int:

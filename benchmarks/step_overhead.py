@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from models import GPT_SIZES, Tokens, gpt, gpt_mfu, hand_batches, lm_step, write_record
+from models import GPT_SIZES, Tokens, gpt, gpt_mfu, hand_batches, lm_step, synced, write_record
 from torch import nn
 
 import phalanx
@@ -86,13 +86,6 @@ def hand_loop(args: argparse.Namespace, d: phalanx.Dist) -> Callable[[int], None
     return steps
 
 
-def now(device: torch.device) -> float:
-    """The time once the device's queued work is done (each window is timed between two)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 class Alternate(phalanx.Callback):
     """After each window of the Trainer's steps, one window of the hand loop; both timed."""
 
@@ -109,11 +102,11 @@ class Alternate(phalanx.Callback):
         if past < 0 or past % window or past > window * self.args.pairs:
             return
         if past > 0:
-            self.times["trainer"].append((now(self.device) - self.started) * 1e3 / window)
-            began = now(self.device)
+            self.times["trainer"].append((synced(self.device) - self.started) * 1e3 / window)
+            began = synced(self.device)
             self.hand(window)
-            self.times["hand"].append((now(self.device) - began) * 1e3 / window)
-        self.started = now(self.device)
+            self.times["hand"].append((synced(self.device) - began) * 1e3 / window)
+        self.started = synced(self.device)
 
 
 def control(args: argparse.Namespace) -> None:
@@ -129,9 +122,9 @@ def control(args: argparse.Namespace) -> None:
         times: dict[str, list[float]] = {"hand": [], "trainer": []}
         for _ in range(args.pairs):
             for side, steps in (("trainer", second), ("hand", first)):
-                began = now(d.device)
+                began = synced(d.device)
                 steps(args.window)
-                times[side].append((now(d.device) - began) * 1e3 / args.window)
+                times[side].append((synced(d.device) - began) * 1e3 / args.window)
         if d.env.rank == 0:
             report(args, d, times)
 
