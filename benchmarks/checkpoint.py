@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import shutil
 import statistics
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from models import spread, state_bytes, write_record
+from models import machine, spread, state_bytes, write_record
 from torch import nn
 
 from phalanx.checkpoint.async_saver import AsyncSaver
@@ -120,17 +119,12 @@ def one_rep(
 
 
 def report(table: dict[str, dict[str, float]], meta: dict[str, Any]) -> None:
-    print(
-        f"\nstate {meta['state_mb']:.0f} MB on {meta['device']}, batch {meta['batch']}, "
-        f"writers {'/'.join(meta['writers'])}, "
-        f"{meta['reps']} repetitions"
-    )
+    print(f"\nstate {meta['state_mb']:.0f} MB on {meta['device']}, batch {meta['batch']}, "
+          f"writers {'/'.join(meta['writers'])}, {meta['reps']} repetitions")  # fmt: skip
     print(f"{'metric':<28}{'median':>10}{'min..max':>22}{'stdev':>10}")
     for key, row in table.items():
-        print(
-            f"{key:<28}{row['median']:>10.4f}{row['min']:>10.4f}..{row['max']:<10.4f}"
-            f"{row['stdev']:>10.4f}"
-        )
+        print(f"{key:<28}{row['median']:>10.4f}{row['min']:>10.4f}..{row['max']:<10.4f}"
+              f"{row['stdev']:>10.4f}")  # fmt: skip
     where = "" if meta["goal_applies"] else " (goal applies on GPU with >= 1 GB of state only)"
     for name, met in meta["goal_met"].items():
         ratio = table[f"{name}_ratio"]["median"]
@@ -195,22 +189,14 @@ def main() -> None:
     size = state_bytes(optimizer)
     applies = args.device.startswith("cuda") and size >= 1 << 30
     meta = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "torch": torch.__version__,
-        "device": args.device,
-        "threads": torch.get_num_threads(),
-        "batch": args.batch,
-        "writers": args.writers,
-        "width": args.width,
-        "state_mb": size / MIB,
-        "checkpoint_dir": str(scratch.parent),
-        "reps": len(samples),
-        "goal": f"async blocked + slowdown <= {GOAL:.0%} of a sync save",
-        "goal_applies": applies,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **machine(),
+        "device": args.device, "threads": torch.get_num_threads(), "batch": args.batch,
+        "writers": args.writers, "width": args.width, "state_mb": size / MIB,
+        "checkpoint_dir": str(scratch.parent), "reps": len(samples),
+        "goal": f"async blocked + slowdown <= {GOAL:.0%} of a sync save", "goal_applies": applies,
         "goal_met": {w: table[f"{w}_ratio"]["median"] <= GOAL for w in args.writers},
         "first_save": first,
-    }
+    }  # fmt: skip
     report(table, meta)
     write_record(args.out, {**meta, "table": table, "samples": samples}, indent=2)
 

@@ -44,6 +44,7 @@ class Bench:
     phase: str = "train"  # train (the saves) or resume (one step from the newest checkpoint)
     shape: str = "20gb"  # model size: models.py's LLAMA_SIZES
     seq: int = 2048  # tokens per sample
+    samples: int = 10**8  # in the data set; the loader lists their indices at its first batch
     reps: int = 5  # saves per mode
     modes: str = "sync,process,thread"  # each repetition starts with the next one
     baseline_steps: int = 10  # timed before each save; the first two (the deletion's) dropped
@@ -77,7 +78,7 @@ class Parts:
 
     def loader(self, state: phalanx.TrainState) -> Any:
         vocab, seq = LLAMA_SIZES[self.cfg.bench.shape][4], self.cfg.bench.seq
-        tokens = Tokens(vocab, seq, 10**8, seeded=True)
+        tokens = Tokens(vocab, seq, self.cfg.bench.samples, seeded=True)
         return make_train_loader(
             tokens, env=self.d.env, batch_size=self.cfg.data.batch_size, seed=self.cfg.train.seed,
             shuffle=False, num_workers=0, start=(state.epoch, state.global_index),
@@ -261,7 +262,7 @@ def train(parts: Parts, run_dir: Path) -> None:
             if agreed.all_writes_done:
                 driver.active.finish_pending()  # every rank's background write is done
             if not agreed.all_have_data:
-                raise RuntimeError("out of samples")  # 10**8 of them
+                raise RuntimeError("out of samples: raise bench.samples")
             parts.step(batch)
             state.step, taken = state.step + 1, taken + 1
             state.global_index = loader.sampler.global_index_after(taken)

@@ -33,7 +33,6 @@ Both print medians (min..max) and write JSON.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import statistics
 import subprocess
@@ -101,21 +100,15 @@ def ready_takes(it: Any, workers: int) -> list[float]:
     return times
 
 
-def spin() -> None:
-    while True:
-        pass
-
-
 def take(args: argparse.Namespace) -> None:
-    hogs = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.hogs)]
-    for hog in hogs:
-        hog.start()
+    spin = [sys.executable, "-c", "while True: pass"]
+    hogs = [subprocess.Popen(spin) for _ in range(args.hogs)]
     try:
         runs = measure(args)
     finally:
         for hog in hogs:
-            hog.terminate()
-            hog.join()
+            hog.kill()
+            hog.wait()
     take_report(args, runs)
 
 

@@ -89,7 +89,8 @@ def test_checkpoint_at_size_saves_then_resumes(tmp_path: Path) -> None:
     out = tmp_path / "size.json"
     script("checkpoint_at_size.py", "--nproc", "1", "--shape", "tiny", "--reps", "1",
            "--modes", "sync", "--dd-gib", "0", "--keep-caches", "--dir", str(tmp_path / "c"),
-           "--out", str(out), "bench.baseline_steps=3", timeout=160)  # fmt: skip
+           "--out", str(out), "bench.baseline_steps=3", "bench.seq=64",
+           "bench.samples=1000", timeout=160)  # fmt: skip
     got = record(out)
     assert got["read"]["cache_dropped"] is False and got["read"]["bytes"] > 0
     assert got["table"]["sync"]["write_s"]["median"] > 0
