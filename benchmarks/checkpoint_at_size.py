@@ -25,11 +25,10 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from models import machine, summarise, write_record
+from models import header, summarise, write_record
 
 WORKER = Path(__file__).resolve().parent / "checkpoint_at_size_train.py"
 GB = 1e9
@@ -189,8 +188,8 @@ def main() -> None:
     args = parse()
     folder = args.dir
     folder.mkdir(parents=True, exist_ok=True)
-    info = machine()
-    print(json.dumps(info), flush=True)
+    head = header()
+    print(json.dumps(head), flush=True)
     dd = dd_write(folder, args.dd_gib) if args.dd_gib > 0 else {}
     print(json.dumps({"dd": dd}), flush=True)
     try:
@@ -201,9 +200,7 @@ def main() -> None:
     samples = merge(ranks)
     table = summarise([s for s in samples if not s["first"]], "mode", KEYS)
     result = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([sys.executable, *sys.argv]), "machine": info,
-        "device": ", ".join(info["gpus"]) or "cpu", "nproc": args.nproc, "shape": args.shape,
+        **head, "nproc": args.nproc, "shape": args.shape,
         "state_GB": sum(r["state_bytes"] for r in ranks) / GB,
         "dd": dd, "read": phases["read"], "resume": phases["resume"], "table": table,
         "samples": samples, "ranks": ranks,

@@ -1,7 +1,4 @@
-"""Worker of benchmarks/checkpoint_at_size.py (run under torchrun; that file describes the numbers).
-
-    torchrun --standalone --nproc_per_node=2 benchmarks/checkpoint_at_size_train.py \\
-        bench.phase=train bench.shape=20gb bench.reps=5 bench.out=FILE [config overrides]
+"""Worker of benchmarks/checkpoint_at_size.py (under torchrun; that file describes the numbers).
 
 A hand-written FSDP loop (`wrap_model`, bf16) on models.py's Llama-shaped decoder saves through
 `phalanx.Checkpointer`: the Trainer's protocol (save; the ranks agree through the per-step

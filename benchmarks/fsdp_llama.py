@@ -25,23 +25,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import models
 import torch
 import torch.distributed as dist
-from models import (
-    LLAMA_SIZES,
-    PEAK_FLOPS,
-    llama,
-    llama_params,
-    machine,
-    status_kb,
-    summarise,
-    synced,
-    write_record,
-)
+from models import LLAMA_SIZES, PEAK_FLOPS, llama, llama_params
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "fsdp_llama_train.py"
@@ -159,10 +149,10 @@ def hand_main(argv: list[str]) -> None:
 
         for _ in range(warmup):
             step()
-        began = synced(dev)
+        began = models.synced(dev)
         for _ in range(steps):
             loss = step()
-        step_s = (synced(dev) - began) / steps
+        step_s = (models.synced(dev) - began) / steps
         tok_gpu = args.batch * args.seq / step_s
         out.update(step_ms=round(step_s * 1e3, 1), tok_per_s_per_gpu=round(tok_gpu),
                    mfu_vs_989T=round(tok_gpu * 6 * n_params / PEAK_FLOPS, 3),
@@ -193,7 +183,7 @@ def launch(cmd: list[str], timeout_s: float) -> dict[str, Any]:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
         while proc.poll() is None and time.perf_counter() - start < timeout_s:
             for pid in _ranks(proc.pid):
-                peaks[pid] = max(peaks.get(pid, 0.0), status_kb("VmHWM", pid) / 2**20)
+                peaks[pid] = max(peaks.get(pid, 0.0), models.status_kb("VmHWM", pid) / 2**20)
             time.sleep(0.2)
         if proc.poll() is None:
             proc.kill()
@@ -224,7 +214,7 @@ def with_derived(result: dict[str, Any]) -> dict[str, Any]:
 
 def table_of(samples: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per case: each key's spread over the runs without errors, and the count of errors."""
-    table = summarise([s for s in samples if "error" not in s], "case", KEYS)
+    table = models.summarise([s for s in samples if "error" not in s], "case", KEYS)
     for name in dict.fromkeys(s["case"] for s in samples):
         errors = sum(s["case"] == name and "error" in s for s in samples)
         table.setdefault(name, {})["errors"] = {"median": errors}
@@ -305,8 +295,8 @@ def main() -> None:
         return
     args = parse()
     cuda = torch.cuda.is_available()
-    info = machine()
-    print(json.dumps(info), flush=True)
+    head = models.header()
+    print(json.dumps(head), flush=True)
     plan, samples, began = cases(args, cuda), [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="phalanx-fsdp-bench-") as root:
         for rep in range(args.reps):
@@ -318,14 +308,12 @@ def main() -> None:
                 print(json.dumps(brief), flush=True)
     table = table_of(samples)
     result = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([sys.executable, *sys.argv]), "machine": info,
-        "device": ", ".join(info["gpus"]) or "cpu", "nproc": args.nproc, "reps": args.reps,
+        **head, "nproc": args.nproc, "reps": args.reps,
         "total_s": time.perf_counter() - began, "table": table, "samples": samples,
         "goals": goals(table, args.size),
     }  # fmt: skip
     report(result)
-    write_record(args.out, result)
+    models.write_record(args.out, result)
 
 
 if __name__ == "__main__":

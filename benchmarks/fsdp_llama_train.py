@@ -1,15 +1,10 @@
-"""Worker of benchmarks/fsdp_llama.py: phalanx.Trainer on the Llama-shaped decoder of
-benchmarks/models.py, given as a meta-device factory.
-
-    torchrun --standalone --nproc_per_node=2 benchmarks/fsdp_llama_train.py bench.size=7b \\
-        train.strategy=fsdp [train.activation_checkpointing=full] [train.compile=true] [...]
-
-Same step as the hand loop (`fsdp_llama.py hand`): batch 1 per GPU, seq 2048, random tokens,
-bf16 (FSDP2 bf16 parameters, fp32 reduction, autocast on top), fused AdamW lr 3e-4, clip 1.0; 3
-warm-up steps, then 10 timed between two CUDA synchronisations. The Trainer logs only after the
-last step. Rank 0 prints one JSON line with the hand loop's keys, plus: host memory per rank
-(peak RSS, the local parameter shard's bytes), seconds from launch (`bench.t0`) and from main()
-to the end of the first step, and the Trainer's construction time (model build, init, sharding).
+"""Worker of benchmarks/fsdp_llama.py (under torchrun): phalanx.Trainer on models.py's
+Llama-shaped decoder, given as a meta-device factory, with the hand loop's step (`fsdp_llama.py
+hand`: batch 1 per GPU, seq 2048, random tokens, bf16 FSDP2 parameters with fp32 reduction under
+autocast, fused AdamW lr 3e-4, clip 1.0; 3 warm-up steps, then 10 timed between two CUDA
+synchronisations; the Trainer logs only after the last). Rank 0 prints one JSON line with the
+hand loop's keys, plus each rank's peak RSS and local parameter shard, seconds from launch
+(`bench.t0`) and from main() to the end of the first step, and the Trainer's construction time.
 """
 
 from __future__ import annotations
@@ -22,17 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import models
 import torch
-from models import (
-    LLAMA_SIZES,
-    PEAK_FLOPS,
-    Tokens,
-    llama,
-    llama_params,
-    lm_step,
-    local_bytes,
-    status_kb,
-)
+from models import LLAMA_SIZES, PEAK_FLOPS, Tokens, llama, llama_params, lm_step
 
 import phalanx
 from phalanx.dist.collectives import all_gather_object
@@ -104,7 +91,7 @@ def train(d: phalanx.Dist, cfg: Config, record: dict[str, Any]) -> None:
         optimizer=lambda p: torch.optim.AdamW(p, lr=3e-4, fused=cuda), callbacks=[marks],
     )  # fmt: skip
     record["trainer_s"] = time.time() - built
-    record["shard_GiB"] = local_bytes(trainer.model.parameters()) / 2**30
+    record["shard_GiB"] = models.local_bytes(trainer.model.parameters()) / 2**30
     history = trainer.fit()
     last = bench.warmup + bench.steps
     step_s = (marks.at[last] - marks.at[bench.warmup]) / bench.steps
@@ -131,14 +118,14 @@ def main() -> None:
     }  # fmt: skip
     with phalanx.distributed(cfg) as d:
         out["world"] = d.env.world_size
-        record: dict[str, Any] = {"rss_after_init_GiB": status_kb("VmRSS") / 2**20}
+        record: dict[str, Any] = {"rss_after_init_GiB": models.status_kb("VmRSS") / 2**20}
         try:
             train(d, cfg, record)
         except torch.OutOfMemoryError:
             record["error"] = "OOM"
         if d.device.type == "cuda":
             record["peak_mem_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        record["peak_rss_GiB"] = status_kb("VmHWM") / 2**20
+        record["peak_rss_GiB"] = models.status_kb("VmHWM") / 2**20
         ranks = all_gather_object(record)
     if d.env.rank == 0:
         out.update({k: v for k, v in ranks[0].items() if k not in ("rss_after_init_GiB",)})

@@ -199,17 +199,6 @@ def summary(spans: list[Span], args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def percent(side: dict[str, Any], base: dict[str, Any]) -> float:
-    return round(100 * (float(side["median"]) / float(base["median"]) - 1), 1)
-
-
-def paired(side: dict[str, Any], base: dict[str, Any]) -> float:
-    """Median over repetitions of side/base - 1: a repetition's sides run back to back, so
-    drift through the run (which moves both medians, spread 13-44% on lent GPUs) cancels."""
-    pairs = zip(side["img_per_s_per_gpu"], base["img_per_s_per_gpu"], strict=True)
-    return round(100 * float(statistics.median(a / b - 1 for a, b in pairs)), 1)
-
-
 def report(results: dict[str, Any]) -> str:
     width = max(9, *(len(name) + 1 for name in results["sides"]))
     rows = [
@@ -233,9 +222,18 @@ def report(results: dict[str, Any]) -> str:
 
 def comparisons(sides: dict[str, Any]) -> dict[str, tuple[float, float]]:
     """'a vs ddp' -> (ratio of medians - 1, ratio paired by repetition - 1), in percent, for the
-    sides that ran. 'shim vs ddp' is the goal's comparison."""
-    return {f"{a} vs ddp": (percent(sides[a], sides["ddp"]), paired(sides[a], sides["ddp"]))
-            for a in ("shim", "hand_ddp") if a in sides and "ddp" in sides}  # fmt: skip
+    sides that ran; 'shim vs ddp' is the goal's. Paired: a repetition's sides run back to back,
+    so drift through the run (which moves both medians, spread 13-44% on lent GPUs) cancels."""
+    out: dict[str, tuple[float, float]] = {}
+    for name in ("shim", "hand_ddp"):
+        if name in sides and "ddp" in sides:
+            side, base = sides[name], sides["ddp"]
+            pairs = zip(side["img_per_s_per_gpu"], base["img_per_s_per_gpu"], strict=True)
+            out[f"{name} vs ddp"] = (
+                round(100 * (side["median"] / base["median"] - 1), 1),
+                round(100 * statistics.median(a / b - 1 for a, b in pairs), 1),
+            )
+    return out
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

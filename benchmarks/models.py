@@ -6,14 +6,17 @@ The last section holds the record helpers the scripts share (spreads, machine, s
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import platform
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,6 @@ GPT_SIZES = {  # batch, seq, vocab, layers, heads, width
 }
 LLAMA_SIZES = {  # layers, width, heads, MLP hidden, vocab
     "tiny": (2, 64, 4, 128, 512),
-    "125m": (12, 768, 12, 2048, 32000),
     "small": (4, 1024, 16, 2816, 32000),  # ~0.3 B parameters, ~3.6 GB of training state
     "1b": (16, 2048, 16, 5632, 32000),
     "20gb": (12, 3200, 32, 8640, 32000),  # ~1.7 B parameters, ~20 GB of training state
@@ -219,12 +221,8 @@ def summarise(samples: list[dict[str, Any]], by: str, keys: Iterable[str]) -> di
 
 def local_bytes(tensors: Iterable[Any]) -> int:
     """Bytes of this rank's part of `tensors` (a DTensor's local shard); non-tensors skipped."""
-    total = 0
-    for value in tensors:
-        if isinstance(value, torch.Tensor):
-            local = value.to_local() if hasattr(value, "to_local") else value
-            total += local.numel() * local.element_size()
-    return total
+    parts = [t.to_local() if hasattr(t, "to_local") else t for t in tensors if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in parts)
 
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -242,13 +240,19 @@ def synced(device: torch.device) -> float:
 
 def status_kb(key: str, pid: int | str = "self") -> int:
     """A /proc/PID/status field in kB (VmRSS, VmHWM); 0 once the process is gone."""
-    try:
+    with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(key + ":"):
                 return int(line.split()[1])
-    except OSError:
-        pass
     return 0
+
+
+def header() -> dict[str, Any]:
+    """When, by which command and on which machine a record was measured."""
+    info = machine()
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join([sys.executable, *sys.argv]), "machine": info,
+            "device": ", ".join(info["gpus"]) or "cpu"}  # fmt: skip
 
 
 def machine() -> dict[str, Any]:

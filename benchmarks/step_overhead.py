@@ -2,7 +2,7 @@
 windows (the goal: at most 1% slower).
 
     torchrun --standalone --nproc_per_node=1 benchmarks/step_overhead.py [--size gpt2|tiny]
-        [--bf16] [--clip 1.0] [--compile [--compile-mode MODE]] [--warmup 20] [--window 20]
+        [--bf16] [--clip 1.0] [--compile] [--warmup 20] [--window 20]
         [--pairs 15] [--control] [--out PATH] [train.x=y ...]
 
 The baseline, `hand_loop` below, is the plain PyTorch loop a user would write: GPT-2 small
@@ -40,19 +40,17 @@ import phalanx
 from phalanx.config import load
 
 
-def make_optimizer(args: argparse.Namespace) -> Callable[[Any], torch.optim.Optimizer]:
-    fused = args.opt == "fused"
-    return lambda params: torch.optim.AdamW(params, lr=3e-4, fused=fused, foreach=not fused)
+def make_optimizer(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=3e-4, fused=True)
 
 
 def trainer_config(args: argparse.Namespace) -> phalanx.TrainerConfig:
     """The Trainer's settings matching the hand loop's: batch, precision, clipping, compile."""
-    compiled = ["train.compile=true", f"train.compile_mode={args.compile_mode}"]
     overrides = [
         f"data.batch_size={GPT_SIZES[args.size][0]}", "train.progress=false",
         *(["train.precision=bf16"] if args.bf16 else []),
         *([f"train.clip_grad_norm={args.clip}"] if args.clip > 0 else []),
-        *(compiled if args.compile else []), *args.overrides,
+        *(["train.compile=true"] if args.compile else []), *args.overrides,
     ]  # fmt: skip
     return load(phalanx.TrainerConfig, overrides=overrides)
 
@@ -68,8 +66,8 @@ def hand_loop(args: argparse.Namespace, d: phalanx.Dist) -> Callable[[int], None
 
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     if args.compile:
-        model = torch.compile(model, mode=args.compile_mode)  # type: ignore[assignment]
-    opt = make_optimizer(args)(model.parameters())
+        model = torch.compile(model)  # type: ignore[assignment]
+    opt = make_optimizer(model.parameters())
     data = hand_batches(b, t, v, device, d.env.rank)
 
     def steps(n: int) -> None:
@@ -143,7 +141,7 @@ def run(args: argparse.Namespace) -> None:
         trainer = phalanx.Trainer(
             d, config=cfg, model=gpt(args.size),
             train_data=Tokens(v, t, b * d.env.world_size * (steps + 1)), train_step=lm_step,
-            optimizer=make_optimizer(args), callbacks=[alternate],
+            optimizer=make_optimizer, callbacks=[alternate],
         )  # fmt: skip
         trainer.fit()
         if d.env.rank == 0:
@@ -158,7 +156,7 @@ def report(args: argparse.Namespace, d: phalanx.Dist, times: dict[str, list[floa
     world = d.env.world_size
     what = "A/A control" if args.control else "trainer against hand loop"
     print(f"{world} x {name}, torch {torch.__version__}, size {args.size}, compiled "
-          f"{args.compile} ({args.compile_mode}), {len(hand)} pairs of {args.window}-step "
+          f"{args.compile}, {len(hand)} pairs of {args.window}-step "
           f"windows, {what}")  # fmt: skip
     print(f"{'side':<11}{'median ms':>11}{'min..max':>17}{'MFU':>8}")
     ours_name = "hand (2nd)" if args.control else "trainer"
@@ -183,11 +181,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--window", type=int, default=20)
     parser.add_argument("--pairs", type=int, default=15)
-    parser.add_argument("--opt", choices=("fused", "foreach"), default="fused")
     parser.add_argument("--clip", type=float, default=0.0, help="clip norm for both sides")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides")
     parser.add_argument("--compile", action="store_true", help="torch.compile both sides")
-    parser.add_argument("--compile-mode", default="default")
     parser.add_argument(
         "--control", action="store_true", help="A/A: the hand loop against itself, no Trainer"
     )
@@ -203,10 +199,7 @@ def main() -> None:
         parser.error(f"{fixed[0]}: set from --warmup, --pairs and --window; leave it out")
     if args.control and args.overrides:
         parser.error("--control runs no Trainer: leave out train.x=y overrides")
-    if args.control:
-        control(args)
-    else:
-        run(args)
+    (control if args.control else run)(args)
 
 
 if __name__ == "__main__":
