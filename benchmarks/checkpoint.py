@@ -69,12 +69,6 @@ def make_step(
     return step
 
 
-def sync_save(state: dict[str, Any], folder: Path) -> dict[str, float]:
-    start = time.perf_counter()
-    save_sharded(folder, state).wait()
-    return {"sync_blocked_s": time.perf_counter() - start}
-
-
 def async_save(
     saver: AsyncSaver, state: dict[str, Any], folder: Path, step: Callable[[], float],
     baseline: float, max_steps: int, name: str,
@@ -108,7 +102,9 @@ def one_rep(
     for mode in order:
         folder = scratch / f"rep-{rep}-{mode}"
         if mode == "sync":
-            sample |= sync_save(state, folder)
+            start = time.perf_counter()
+            save_sharded(folder, state).wait()
+            sample["sync_blocked_s"] = time.perf_counter() - start
         else:
             saver = savers[mode]
             sample |= async_save(saver, state, folder, step, baseline, args.max_steps, mode)
@@ -138,15 +134,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=1024, help="width of the MLP layers")
     parser.add_argument("--reps", type=int, default=5, help="repetitions (5 or more to publish)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument(
-        "--batch", type=int, default=32,
-        help="rows per step: 32 keeps a GPU step launch-bound (the CPU busy, the worst case for "
-        "a background writer thread), thousands make it compute-bound like most training",
-    )  # fmt: skip
-    parser.add_argument(
-        "--writers", nargs="+", choices=["thread", "process"], default=["thread", "process"],
-        help="async writers to compare, interleaved with the sync save in every repetition",
-    )  # fmt: skip
+    # 32 rows keep a GPU step launch-bound (the CPU busy: the worst case for a writer thread);
+    # thousands make it compute-bound, like most training.
+    parser.add_argument("--batch", type=int, default=32, help="rows per step")
+    writers = ["thread", "process"]  # compared, interleaved with the sync save in each repetition
+    parser.add_argument("--writers", nargs="+", choices=writers, default=writers)
     parser.add_argument("--baseline-steps", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=500, help="steps per async write")
     parser.add_argument("--dir", type=Path, default=None, help="where checkpoints are written")

@@ -2,8 +2,8 @@
 windows (the goal: at most 1% slower).
 
     torchrun --standalone --nproc_per_node=1 benchmarks/step_overhead.py [--size gpt2|tiny]
-        [--bf16] [--clip 1.0] [--compile] [--warmup 20] [--window 20]
-        [--pairs 15] [--control] [--out PATH] [train.x=y ...]
+        [--bf16] [--clip 1.0] [--compile] [--warmup 20] [--window 20] [--pairs 15] [--control]
+        [--out PATH] [train.x=y ...]
 
 The baseline, `hand_loop` below, is the plain PyTorch loop a user would write: GPT-2 small
 (benchmarks/models.py), DDP when there are several ranks, AdamW, optional bf16 autocast, clipping
