@@ -1,8 +1,8 @@
 """Sync vs async checkpoint saves on one device: how long training is blocked, and how much
 slower the steps run while the background write goes on.
 
-    python benchmarks/checkpoint.py [--size-mb 300] [--reps 5] [--device cpu|cuda] [--threads 1]
-        [--batch 32] [--writers thread process] [--dir FOLDER] [--out PATH]
+    python benchmarks/checkpoint.py [--size-mb 300] [--reps 5] [--device cpu|cuda] [--batch 32]
+        [--writers thread process] [--dir FOLDER] [--out PATH]
 
 One process trains an MLP whose parameters plus AdamW moments make about `--size-mb` of state.
 Every repetition, each side going first in turn: the baseline step; a synchronous
@@ -18,10 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -30,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from models import machine, spread, state_bytes, write_record
 from torch import nn
 
 from phalanx.checkpoint.async_saver import AsyncSaver
@@ -52,17 +51,6 @@ def build(size_mb: float, width: int, device: str) -> tuple[nn.Module, torch.opt
     return model, optimizer
 
 
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    total = 0
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            total += param.numel() * param.element_size()
-            for value in optimizer.state[param].values():
-                if isinstance(value, torch.Tensor):
-                    total += value.numel() * value.element_size()
-    return total
-
-
 def make_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, width: int, batch_size: int, device: str
 ) -> Callable[[], float]:
@@ -79,12 +67,6 @@ def make_step(
         return time.perf_counter() - start
 
     return step
-
-
-def sync_save(state: dict[str, Any], folder: Path) -> dict[str, float]:
-    start = time.perf_counter()
-    save_sharded(folder, state).wait()
-    return {"sync_blocked_s": time.perf_counter() - start}
 
 
 def async_save(
@@ -120,7 +102,9 @@ def one_rep(
     for mode in order:
         folder = scratch / f"rep-{rep}-{mode}"
         if mode == "sync":
-            sample |= sync_save(state, folder)
+            start = time.perf_counter()
+            save_sharded(folder, state).wait()
+            sample["sync_blocked_s"] = time.perf_counter() - start
         else:
             saver = savers[mode]
             sample |= async_save(saver, state, folder, step, baseline, args.max_steps, mode)
@@ -130,32 +114,13 @@ def one_rep(
     return sample
 
 
-def summarise(samples: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    keys = [k for k in samples[0] if k != "rep"]
-    table = {}
-    for key in keys:
-        values = [s[key] for s in samples]
-        table[key] = {
-            "median": statistics.median(values),
-            "min": min(values),
-            "max": max(values),
-            "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
-        }
-    return table
-
-
 def report(table: dict[str, dict[str, float]], meta: dict[str, Any]) -> None:
-    print(
-        f"\nstate {meta['state_mb']:.0f} MB on {meta['device']}, batch {meta['batch']}, "
-        f"writers {'/'.join(meta['writers'])}, "
-        f"{meta['reps']} repetitions"
-    )
+    print(f"\nstate {meta['state_mb']:.0f} MB on {meta['device']}, batch {meta['batch']}, "
+          f"writers {'/'.join(meta['writers'])}, {meta['reps']} repetitions")  # fmt: skip
     print(f"{'metric':<28}{'median':>10}{'min..max':>22}{'stdev':>10}")
     for key, row in table.items():
-        print(
-            f"{key:<28}{row['median']:>10.4f}{row['min']:>10.4f}..{row['max']:<10.4f}"
-            f"{row['stdev']:>10.4f}"
-        )
+        print(f"{key:<28}{row['median']:>10.4f}{row['min']:>10.4f}..{row['max']:<10.4f}"
+              f"{row['stdev']:>10.4f}")  # fmt: skip
     where = "" if meta["goal_applies"] else " (goal applies on GPU with >= 1 GB of state only)"
     for name, met in meta["goal_met"].items():
         ratio = table[f"{name}_ratio"]["median"]
@@ -169,22 +134,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=1024, help="width of the MLP layers")
     parser.add_argument("--reps", type=int, default=5, help="repetitions (5 or more to publish)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (CPU mode; see the docstring)"
-    )
-    parser.add_argument(
-        "--batch", type=int, default=32,
-        help="rows per step: 32 keeps a GPU step launch-bound (the CPU busy, the worst case for "
-        "a background writer thread), thousands make it compute-bound like most training",
-    )  # fmt: skip
-    parser.add_argument(
-        "--switch-interval", type=float, default=None,
-        help="sys.setswitchinterval(S) for the run (diagnosis of GIL hand-offs; Python's 0.005)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--writers", nargs="+", choices=["thread", "process"], default=["thread", "process"],
-        help="async writers to compare, interleaved with the sync save in every repetition",
-    )  # fmt: skip
+    # 32 rows keep a GPU step launch-bound (the CPU busy: the worst case for a writer thread);
+    # thousands make it compute-bound, like most training.
+    parser.add_argument("--batch", type=int, default=32, help="rows per step")
+    writers = ["thread", "process"]  # compared, interleaved with the sync save in each repetition
+    parser.add_argument("--writers", nargs="+", choices=writers, default=writers)
     parser.add_argument("--baseline-steps", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=500, help="steps per async write")
     parser.add_argument("--dir", type=Path, default=None, help="where checkpoints are written")
@@ -194,10 +148,8 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    if args.switch_interval is not None:
-        sys.setswitchinterval(args.switch_interval)
     if args.device == "cpu":
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(1)  # leaves a core to the writer
     init_group(DistConfig(launcher="local", setup_logging=False))
     model, optimizer = build(args.size_mb, args.width, args.device)
     step = make_step(model, optimizer, args.width, args.batch, args.device)
@@ -225,31 +177,20 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         shutdown()
-    table = summarise(samples)
+    table = {key: spread(s[key] for s in samples) for key in samples[0] if key != "rep"}
     size = state_bytes(optimizer)
     applies = args.device.startswith("cuda") and size >= 1 << 30
     meta = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "torch": torch.__version__,
-        "device": args.device,
-        "threads": torch.get_num_threads(),
-        "batch": args.batch,
-        "writers": args.writers,
-        "width": args.width,
-        "switch_interval_s": sys.getswitchinterval(),
-        "state_mb": size / MIB,
-        "checkpoint_dir": str(scratch.parent),
-        "reps": len(samples),
-        "goal": f"async blocked + slowdown <= {GOAL:.0%} of a sync save",
-        "goal_applies": applies,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **machine(),
+        "device": args.device, "threads": torch.get_num_threads(), "batch": args.batch,
+        "writers": args.writers, "width": args.width, "state_mb": size / MIB,
+        "checkpoint_dir": str(scratch.parent), "reps": len(samples),
+        "goal": f"async blocked + slowdown <= {GOAL:.0%} of a sync save", "goal_applies": applies,
         "goal_met": {w: table[f"{w}_ratio"]["median"] <= GOAL for w in args.writers},
         "first_save": first,
-    }
+    }  # fmt: skip
     report(table, meta)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({**meta, "table": table, "samples": samples}, indent=2))
-    print(f"wrote {args.out}")
+    write_record(args.out, {**meta, "table": table, "samples": samples}, indent=2)
 
 
 if __name__ == "__main__":

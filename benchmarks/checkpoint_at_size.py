@@ -7,7 +7,7 @@ state, sync and async, then a fresh job resumes from it (the worker: checkpoint_
 In `--dir` (on the disk under test), in order: `dd` of `--dd-gib` GiB with oflag=direct and with
 conv=fsync (the write speed saves are held against); `--reps` saves per mode, interleaved, each
 timed as blocked (the saving step over the baseline step), slowdown (async: the extra time of
-the steps until the commit), write (slowest rank) and commit, with the host's peak memory;
+the steps until the commit), write (slowest rank) and commit;
 reading the last checkpoint once (cold with O_DIRECT after dropping the page cache unless
 `--keep-caches`; warm with cat); a fresh job resuming from it, launch to the end of its first
 step, by part. Prints a table (median, min..max, stdev) and the goals, writes JSON.
@@ -18,91 +18,24 @@ Goals: async blocked + slowdown <= 10% of a sync save; commit <= 1 s beyond the 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from models import header, summarise, write_record
 
 WORKER = Path(__file__).resolve().parent / "checkpoint_at_size_train.py"
 GB = 1e9
 KEYS = (
     "baseline_step_s", "blocked_s", "slowdown_s", "cost_s", "ratio", "write_s", "write_GBps",
-    "commit_s", "commit_after_write_s", "steps_during_write", "bytes_GB", "peak_system_used_gb",
-    "peak_rss_gb", "peak_writer_rss_gb", "peak_shm_used_gb",
+    "commit_s", "commit_after_write_s", "steps_during_write", "bytes_GB",
 )  # fmt: skip
-
-
-def status_kb(pid: int | str, key: str) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _children() -> list[str]:
-    pids: list[str] = []
-    for task in Path("/proc/self/task").iterdir():
-        with contextlib.suppress(OSError):
-            pids += (task / "children").read_text().split()
-    return pids
-
-
-def host_memory() -> dict[str, float]:
-    """This process's RSS, its children's (the writer process), system use and /dev/shm, GB."""
-    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-    shm = os.statvfs("/dev/shm")
-    return {
-        "rss_gb": status_kb("self", "VmRSS") / 1e6,
-        "children_rss_gb": sum(status_kb(pid, "VmRSS") for pid in _children()) / 1e6,
-        "system_used_gb": (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0]))
-        / 1e6,
-        "shm_used_gb": (shm.f_blocks - shm.f_bfree) * shm.f_frsize / 1e9,
-    }
-
-
-class HostSampler:
-    """Peaks of `host_memory()` since the last `reset`, sampled every 50 ms from a thread; also
-    when `watch()` (an async write in flight) first turns False."""
-
-    def __init__(self) -> None:
-        self.peaks: dict[str, float] = {}
-        self.write_end: float | None = None
-        self._watch: Callable[[], bool] | None = None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="host-sampler", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def reset(self, watch: Callable[[], bool] | None) -> None:
-        with self._lock:
-            self.peaks, self.write_end, self._watch = host_memory(), None, watch
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.05):
-            now = host_memory()
-            with self._lock:
-                self.peaks = {k: max(v, self.peaks.get(k, 0.0)) for k, v in now.items()}
-                if self._watch is not None and self.write_end is None and not self._watch():
-                    self.write_end = time.perf_counter()
 
 
 def timed_run(cmd: list[str]) -> float:
@@ -162,32 +95,12 @@ def merge(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         sample["bytes_GB"] = sample["bytes"] / GB
         sample["commit_after_write_s"] = sample["commit_end_s"] - write_end
         sample["blocked_s"] = max(p["blocked_s"] for p in parts)
-        sample["peak_rss_gb"] = sum(p["peak_rss_gb"] for p in parts)
-        sample["peak_writer_rss_gb"] = sum(p["peak_children_rss_gb"] for p in parts)
-        sample["peak_system_used_gb"] = max(p["peak_system_used_gb"] for p in parts)
-        sample["peak_shm_used_gb"] = max(p["peak_shm_used_gb"] for p in parts)
         sample["cost_s"] = sample["blocked_s"] + sample.get("slowdown_s", 0.0)
         merged.append(sample)
     syncs = [s["cost_s"] for s in merged if s["mode"] == "sync"]
     for sample in merged:
         sample["ratio"] = sample["cost_s"] / statistics.median(syncs) if syncs else float("nan")
     return merged
-
-
-def summarise(samples: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    table: dict[str, dict[str, dict[str, float]]] = {}
-    for mode in dict.fromkeys(s["mode"] for s in samples):
-        rows = [s for s in samples if s["mode"] == mode and not s["first"]]
-        table[mode] = {}
-        for key in KEYS:
-            values = [float(s[key]) for s in rows if key in s]
-            if values:
-                table[mode][key] = {
-                    "median": statistics.median(values), "min": min(values), "max": max(values),
-                    "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
-                    "n": len(values),
-                }  # fmt: skip
-    return table
 
 
 def report(result: dict[str, Any]) -> None:
@@ -242,17 +155,6 @@ def parse() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def machine() -> dict[str, Any]:
-    gpus = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-        capture_output=True, text=True, check=False,
-    ).stdout.strip().splitlines() if shutil.which("nvidia-smi") else []  # fmt: skip
-    disk, shm = shutil.disk_usage("/"), shutil.disk_usage("/dev/shm")
-    mem = Path("/proc/meminfo").read_text().splitlines()[:3]
-    return {"host": platform.node(), "gpus": gpus, "dev_shm_GB": shm.total / GB, "meminfo": mem,
-            "root_disk_free_GB": disk.free / GB, "cpus": os.cpu_count()}  # fmt: skip
-
-
 def run_phases(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     common = [f"bench.shape={args.shape}", f"run.root={folder / 'runs'}", *args.overrides]
     train_json = folder / "train.json"
@@ -286,8 +188,8 @@ def main() -> None:
     args = parse()
     folder = args.dir
     folder.mkdir(parents=True, exist_ok=True)
-    info = machine()
-    print(json.dumps(info), flush=True)
+    head = header()
+    print(json.dumps(head), flush=True)
     dd = dd_write(folder, args.dd_gib) if args.dd_gib > 0 else {}
     print(json.dumps({"dd": dd}), flush=True)
     try:
@@ -296,21 +198,16 @@ def main() -> None:
         shutil.rmtree(folder / "runs", ignore_errors=True)
     ranks = phases["trained"]["ranks"]
     samples = merge(ranks)
-    table = summarise(samples)
+    table = summarise([s for s in samples if not s["first"]], "mode", KEYS)
     result = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([sys.executable, *sys.argv]), "machine": info,
-        "device": ", ".join(info["gpus"]) or "cpu", "nproc": args.nproc, "shape": args.shape,
+        **head, "nproc": args.nproc, "shape": args.shape,
         "state_GB": sum(r["state_bytes"] for r in ranks) / GB,
-        "vm_hwm_gb": [r["vm_hwm_gb"] for r in ranks],
         "dd": dd, "read": phases["read"], "resume": phases["resume"], "table": table,
         "samples": samples, "ranks": ranks,
     }  # fmt: skip
     result["goals"] = goals(table, dd, phases["read"], phases["resume"])
     report(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    write_record(args.out, result)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,20 @@
-"""Worker of benchmarks/checkpoint_at_size.py (run under torchrun; that file describes the numbers).
-
-    torchrun --standalone --nproc_per_node=2 benchmarks/checkpoint_at_size_train.py \\
-        bench.phase=train bench.shape=20gb bench.reps=5 bench.out=FILE [config overrides]
+"""Worker of benchmarks/checkpoint_at_size.py (under torchrun; that file describes the numbers).
 
 A hand-written FSDP loop (`wrap_model`, bf16) on models.py's Llama-shaped decoder saves through
 `phalanx.Checkpointer`: the Trainer's protocol (save; the ranks agree through the per-step
 `ControlPlane` all-reduce that no rank is still writing; `finish_pending` commits). phase=train:
 per mode (sync, async with writer process or thread; one Checkpointer each, on one
 `CheckpointStore` whose methods are wrapped with timers) `bench.reps` saves, each after
-`bench.baseline_steps` timed steps; a thread samples host memory. phase=resume: a fresh job
-resumes (checkpoint.resume=auto) and trains one step; rank 0 reports the clock at each stage.
+`bench.baseline_steps` timed steps. phase=resume: a fresh job resumes (checkpoint.resume=auto)
+and trains one step; rank 0 reports the clock at each stage.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -23,13 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from checkpoint_at_size import HostSampler, host_memory, status_kb
-from models import LLAMA_SIZES, Tokens, llama
+from models import LLAMA_SIZES, Tokens, llama, state_bytes, synced
 from torch import nn
 
 import phalanx
 from phalanx.checkpoint import CheckpointStore
-from phalanx.config.training import CheckpointConfig, PrecisionName, Strategy
 from phalanx.data.loader import make_train_loader
 from phalanx.dist.collectives import all_gather_object
 from phalanx.dist.control import ControlPlane
@@ -39,24 +36,18 @@ from phalanx.train.precision import Precision as Amp
 
 @dataclass(frozen=True, kw_only=True)
 class Bench:
-    phase: str = "train"
-    """train (the saves) or resume (one step from the newest checkpoint)."""
-    shape: str = "20gb"
-    """Model size (benchmarks/models.py's LLAMA_SIZES): tiny, small or 20gb."""
-    seq: int = 2048
-    """Tokens per sample."""
-    reps: int = 5
-    """Saves per mode."""
-    modes: str = "sync,process,thread"
-    """Comma-separated: sync, process, thread; each repetition starts with the next one."""
-    baseline_steps: int = 10
-    """Steps timed before each save; the first two are dropped (they absorb the deletion)."""
-    max_write_steps: int = 5000
-    """Steps after an async save before the benchmark waits for the write itself."""
-    out: str = ""
-    """JSON file (rank 0)."""
-    t0: float = 0.0
-    """resume: time.time() when the launcher started torchrun."""
+    """This benchmark's settings (bench.x=y)."""
+
+    phase: str = "train"  # train (the saves) or resume (one step from the newest checkpoint)
+    shape: str = "20gb"  # model size: models.py's LLAMA_SIZES
+    seq: int = 2048  # tokens per sample
+    samples: int = 10**8  # in the data set; the loader lists their indices at its first batch
+    reps: int = 5  # saves per mode
+    modes: str = "sync,process,thread"  # each repetition starts with the next one
+    baseline_steps: int = 10  # timed before each save; the first two (the deletion's) dropped
+    max_write_steps: int = 5000  # steps after an async save before waiting for its write
+    out: str = ""  # JSON file (rank 0)
+    t0: float = 0.0  # resume: time.time() when the launcher started torchrun
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +75,7 @@ class Parts:
 
     def loader(self, state: phalanx.TrainState) -> Any:
         vocab, seq = LLAMA_SIZES[self.cfg.bench.shape][4], self.cfg.bench.seq
-        tokens = Tokens(vocab, seq, 10**8, seeded=True)
+        tokens = Tokens(vocab, seq, self.cfg.bench.samples, seeded=True)
         return make_train_loader(
             tokens, env=self.d.env, batch_size=self.cfg.data.batch_size, seed=self.cfg.train.seed,
             shuffle=False, num_workers=0, start=(state.epoch, state.global_index),
@@ -114,40 +105,36 @@ def build(d: phalanx.Dist, cfg: BenchConfig) -> Parts:
     return Parts(d, model, optimizer, Amp(train.precision, d.device), cfg)
 
 
-def timed(fn: Callable[..., Any], record: dict[str, float], key: str) -> Callable[..., Any]:
-    """`fn`, with its duration and end time stored in record[key], record[key + '_end']."""
+def stamped(
+    fn: Callable[..., Any], record: dict[str, float], first: str = "", last: str = "",
+    until: str = "",
+) -> Callable[..., Any]:  # fmt: skip
+    """`fn`, stamping perf_counter() into record: record[first] at the start of its first call
+    (since record was cleared), record[last] at the end of each call made before record[until]."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        if first:
+            record.setdefault(first, time.perf_counter())
         result = fn(*args, **kwargs)
-        record[key], record[key + "_end"] = time.perf_counter() - start, time.perf_counter()
+        if last and until not in record:
+            record[last] = time.perf_counter()
         return result
 
     return wrapper
 
 
-def first_call(fn: Callable[..., Any], record: dict[str, float], key: str) -> Callable[..., Any]:
-    """`fn`, with the start time of its first call since record[key] was cleared in record."""
+class WriteEnd:
+    """When `writing()` first reads False, polled every 50 ms from a thread: this rank's async
+    write's end, which the loop itself only sees at its next step."""
 
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        record.setdefault(key, time.perf_counter())
-        return fn(*args, **kwargs)
+    def __init__(self, writing: Callable[[], bool]) -> None:
+        self.at: float | None = None
+        threading.Thread(target=self._watch, args=(writing,), daemon=True).start()
 
-    return wrapper
-
-
-def ends_before(
-    fn: Callable[..., Any], record: dict[str, float], key: str, until: str
-) -> Callable[..., Any]:
-    """`fn`, with the end time of its last call before record[until] was set in record[key]."""
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        result = fn(*args, **kwargs)
-        if until not in record:
-            record[key] = time.perf_counter()
-        return result
-
-    return wrapper
+    def _watch(self, writing: Callable[[], bool]) -> None:
+        while writing():
+            time.sleep(0.05)
+        self.at = time.perf_counter()
 
 
 class SaveDriver:
@@ -158,14 +145,16 @@ class SaveDriver:
         turns = [modes[rep % len(modes) :] + modes[: rep % len(modes)] for rep in range(bench.reps)]
         self.schedule = [mode for turn in turns for mode in turn]
         self.bench, self.rank, self.store = bench, parts.d.env.rank, store
-        self.cuda = parts.d.device.type == "cuda"
+        self.device = parts.d.device
         self.timers: dict[str, float] = {}
-        store.commit = timed(store.commit, self.timers, "commit")  # type: ignore[method-assign]
+        t = self.timers
         # A save's files: partial_dir (also for DCP's folder), the sync DCP write, rank-K.pt
         # (its `write`): the sync write is from the end of the last partial_dir to that write.
-        dirs = ends_before(store.partial_dir, self.timers, "dir_end", until="files")
-        store.partial_dir = dirs  # type: ignore[method-assign]
-        store.write = first_call(store.write, self.timers, "files")  # type: ignore[method-assign]
+        timed = {"commit": stamped(store.commit, t, "commit", "commit_end"),
+                 "partial_dir": stamped(store.partial_dir, t, last="dir_end", until="files"),
+                 "write": stamped(store.write, t, first="files")}  # fmt: skip
+        for name, method in timed.items():
+            setattr(store, name, method)
         self.checkpointers = {
             mode: parts.checkpointer(store, sharded=True, async_save=mode != "sync",
                                      **({} if mode == "sync" else {"async_writer": mode}))
@@ -174,7 +163,7 @@ class SaveDriver:
         self.active = self.checkpointers[self.schedule[0]]  # the one whose save may be in flight
         self.used: set[str] = set()
         self.samples: list[dict[str, Any]] = []
-        self.sampler = HostSampler()
+        self.write_end: WriteEnd | None = None
         self.times: list[float] = []  # step durations since the last save (or commit)
         self.writing = False
         self.current: dict[str, Any] = {}
@@ -184,32 +173,25 @@ class SaveDriver:
     def done(self) -> bool:
         return len(self.samples) == len(self.schedule)
 
-    def _now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
     def start(self) -> None:
-        self.sampler.start()
-        self.last = self._now()
+        self.last = synced(self.device)
 
     def step_end(self, state: phalanx.TrainState) -> None:
-        self.times.append(self._now() - self.last)
+        self.times.append(synced(self.device) - self.last)
         if self.writing:
             self._after_async_step()
         elif len(self.times) >= self.bench.baseline_steps:
             self._save(state)
-        self.last = self._now()
+        self.last = synced(self.device)
 
     def _save(self, state: phalanx.TrainState) -> None:
         mode = self.schedule[len(self.samples)]
         baseline = sorted(self.times[2:])[len(self.times[2:]) // 2]
         self.active = checkpointer = self.checkpointers[mode]
         self.timers.clear()
-        self.sampler.reset(None)
-        start = self._now()
+        start = synced(self.device)
         checkpointer.save(state)
-        blocked = self._now() - start
+        blocked = synced(self.device) - start
         self.current = {
             "mode": mode, "step": state.step, "first": mode not in self.used,
             "baseline_step_s": baseline, "save_call_s": blocked,
@@ -223,7 +205,7 @@ class SaveDriver:
             self.current["write_end_s"] = self.timers["files"] - start
             self._committed()
             return
-        self.sampler.reset(lambda: checkpointer.writing)
+        self.write_end = WriteEnd(lambda: checkpointer.writing)
         self.writing = True
 
     def _after_async_step(self) -> None:
@@ -232,12 +214,12 @@ class SaveDriver:
         if pending and len(self.times) < self.bench.max_write_steps:
             return
         if pending:  # the write outlasted max_write_steps
-            start = self._now()
+            start = synced(self.device)
             checkpointer.finish_pending()
-            sample["blocked_s"] += self._now() - start
+            sample["blocked_s"] += synced(self.device) - start
         sample["slowdown_s"] = sum(t - sample["baseline_step_s"] for t in self.times)
         sample["steps_during_write"] = len(self.times)
-        end = self.sampler.write_end or self.timers.get("commit_end")
+        end = (self.write_end.at if self.write_end else None) or self.timers.get("commit_end")
         sample["write_end_s"] = end - sample["start"] if end else float("nan")
         sample["write_s"] = sample["write_end_s"]
         self.writing = False
@@ -246,11 +228,10 @@ class SaveDriver:
     def _committed(self) -> None:
         sample = self.current
         if "commit" in self.timers:  # rank 0
-            sample["commit_s"] = self.timers["commit"]
+            sample["commit_s"] = self.timers["commit_end"] - self.timers["commit"]
             sample["commit_end_s"] = self.timers["commit_end"] - sample["start"]
             path = self.store.step_dir(sample["step"])
             sample["bytes"] = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-        sample.update({f"peak_{key}": value for key, value in self.sampler.peaks.items()})
         self.samples.append(sample)
         if self.rank == 0:
             print(json.dumps({"sample": sample}), flush=True)
@@ -259,7 +240,6 @@ class SaveDriver:
             shutil.rmtree(self.store.step_dir(sample["step"]))
 
     def close(self, *, failed: bool) -> None:
-        self.sampler.stop()
         for checkpointer in self.checkpointers.values():
             checkpointer.close(failed=failed)
 
@@ -279,7 +259,7 @@ def train(parts: Parts, run_dir: Path) -> None:
             if agreed.all_writes_done:
                 driver.active.finish_pending()  # every rank's background write is done
             if not agreed.all_have_data:
-                raise RuntimeError("out of samples")  # 10**8 of them
+                raise RuntimeError("out of samples: raise bench.samples")
             parts.step(batch)
             state.step, taken = state.step + 1, taken + 1
             state.global_index = loader.sampler.global_index_after(taken)
@@ -287,27 +267,12 @@ def train(parts: Parts, run_dir: Path) -> None:
         failed = False
     finally:
         driver.close(failed=failed)
-    record = {
-        "rank": driver.rank, "samples": driver.samples,
-        "vm_hwm_gb": status_kb("self", "VmHWM") / 1e6,
-        "state_bytes": state_bytes(parts.optimizer), "end_memory": host_memory(),
-    }  # fmt: skip
+    record = {"rank": driver.rank, "samples": driver.samples,
+              "state_bytes": state_bytes(parts.optimizer)}  # fmt: skip
     ranks = all_gather_object(record)
     if driver.rank == 0 and parts.cfg.bench.out:
         result = {"ranks": ranks, "last_step": state.step, "run_dir": str(run_dir)}
         Path(parts.cfg.bench.out).write_text(json.dumps(result, indent=1))
-
-
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """This rank's share of parameters and optimizer state."""
-    total = 0
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            for value in [param, *optimizer.state[param].values()]:
-                if isinstance(value, torch.Tensor):
-                    local = value.to_local() if hasattr(value, "to_local") else value
-                    total += local.numel() * local.element_size()
-    return total
 
 
 def resume(parts: Parts, run_dir: Path, marks: dict[str, float]) -> None:
@@ -329,40 +294,19 @@ def resume(parts: Parts, run_dir: Path, marks: dict[str, float]) -> None:
     checkpointer.close()
 
 
-@dataclass(frozen=True, kw_only=True)
-class Train(phalanx.TrainConfig):
-    strategy: Strategy = "fsdp"
-    precision: PrecisionName = "bf16"
-    max_steps: int = 10**9
-    log_every: int = 1000
-    progress: bool = False
-    hang_timeout_s: float = 0.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Data(phalanx.DataConfig):
-    batch_size: int = 2
-    num_workers: int = 0
-    shuffle: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class Checkpoint(CheckpointConfig):
-    sharded: bool = True
-    at_end: bool = False
-    keep_last: int = 100  # the benchmark deletes the checkpoints itself
-
-
-@dataclass(frozen=True, kw_only=True)
-class Config(BenchConfig):
-    train: Train = field(default_factory=Train)
-    data: Data = field(default_factory=Data)
-    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+# The loop's settings; the command line's come after them and win.
+DEFAULTS = [
+    "train.strategy=fsdp", "train.precision=bf16", "train.max_steps=1000000000",
+    "train.log_every=1000", "train.progress=false", "train.hang_timeout_s=0",
+    "data.batch_size=2", "data.num_workers=0", "data.shuffle=false",
+    "checkpoint.sharded=true", "checkpoint.at_end=false",
+    "checkpoint.keep_last=100",  # the benchmark deletes the checkpoints itself
+]  # fmt: skip
 
 
 def main() -> None:
     started = time.time()
-    cfg = phalanx.parse_config(Config)
+    cfg = phalanx.parse_config(BenchConfig, [*DEFAULTS, *sys.argv[1:]])
     bench = cfg.bench
     with phalanx.distributed(cfg) as d:
         marks = {"t0": bench.t0 or started, "main": started, "group": time.time()}

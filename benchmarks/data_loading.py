@@ -33,8 +33,6 @@ Both print medians (min..max) and write JSON.
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing
 import os
 import statistics
 import subprocess
@@ -45,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from models import Tokens
+from models import Tokens, write_record
 from torch.utils.data import DataLoader, Dataset
 
 
@@ -102,21 +100,15 @@ def ready_takes(it: Any, workers: int) -> list[float]:
     return times
 
 
-def spin() -> None:
-    while True:
-        pass
-
-
 def take(args: argparse.Namespace) -> None:
-    hogs = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.hogs)]
-    for hog in hogs:
-        hog.start()
+    spin = [sys.executable, "-c", "while True: pass"]
+    hogs = [subprocess.Popen(spin) for _ in range(args.hogs)]
     try:
         runs = measure(args)
     finally:
         for hog in hogs:
-            hog.terminate()
-            hog.join()
+            hog.kill()
+            hog.wait()
     take_report(args, runs)
 
 
@@ -143,11 +135,9 @@ def take_report(args: argparse.Namespace, runs: dict[str, list[dict[str, float]]
             cells.append(f"{statistics.median(values):.3f} ({min(values):.3f}..{max(values):.3f})")
         rate = statistics.median(r["samples_per_s"] for r in reps)
         print(f"{name:<8}{workers:>8}{cells[0]:>22}{cells[1]:>22}{cells[2]:>22}{rate:>11.0f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     record = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "args": vars(args) | {"out": str(args.out)}, "runs": runs}  # fmt: skip
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_record(args.out, record)
 
 
 SCRIPT = """
@@ -218,8 +208,7 @@ def worker_start(args: argparse.Namespace) -> None:
     record = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "line": args.line,
               "workers": args.workers, "reps": args.reps, "python": sys.version.split()[0],
               "runs": runs}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2))
+    write_record(args.out, record, indent=2)
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import shutil
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from models import write_record
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
@@ -207,9 +207,7 @@ def main() -> None:
     record = {"when": datetime.now(timezone.utc).isoformat(), "host": platform.node(),
               "python": platform.python_version(), "cpus": os.cpu_count(), "load": args.load,
               "overrides": args.overrides, "summary": rows, "runs": results}  # fmt: skip
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(record, indent=1))
-    print(f"wrote {args.out}")
+    write_record(Path(args.out), record)
 
 
 if __name__ == "__main__":

@@ -21,17 +21,14 @@ import argparse
 import contextlib
 import json
 import os
-import platform
-import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import models
 import torch
 import torch.distributed as dist
 from models import LLAMA_SIZES, PEAK_FLOPS, llama, llama_params
@@ -44,7 +41,6 @@ PHALANX_VARIANTS = {
     "eager": [],
     "ac": ["train.activation_checkpointing=full"],
     "compile": ["train.compile=true"],
-    "compile-ac": ["train.compile=true", "train.activation_checkpointing=full"],
 }
 
 
@@ -153,10 +149,10 @@ def hand_main(argv: list[str]) -> None:
 
         for _ in range(warmup):
             step()
-        began = synced(dev)
+        began = models.synced(dev)
         for _ in range(steps):
             loss = step()
-        step_s = (synced(dev) - began) / steps
+        step_s = (models.synced(dev) - began) / steps
         tok_gpu = args.batch * args.seq / step_s
         out.update(step_ms=round(step_s * 1e3, 1), tok_per_s_per_gpu=round(tok_gpu),
                    mfu_vs_989T=round(tok_gpu * 6 * n_params / PEAK_FLOPS, 3),
@@ -170,12 +166,6 @@ def hand_main(argv: list[str]) -> None:
     dist.destroy_process_group()
 
 
-def synced(dev: torch.device) -> float:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    return time.perf_counter()
-
-
 def _ranks(torchrun_pid: int) -> list[int]:
     """torchrun's children: its worker processes (the ranks)."""
     pids: list[int] = []
@@ -183,14 +173,6 @@ def _ranks(torchrun_pid: int) -> list[int]:
         for task in Path(f"/proc/{torchrun_pid}/task").iterdir():
             pids += [int(p) for p in (task / "children").read_text().split()]
     return pids
-
-
-def _hwm_gib(pid: int) -> float:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 2**20
-    return 0.0
 
 
 def launch(cmd: list[str], timeout_s: float) -> dict[str, Any]:
@@ -201,7 +183,7 @@ def launch(cmd: list[str], timeout_s: float) -> dict[str, Any]:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
         while proc.poll() is None and time.perf_counter() - start < timeout_s:
             for pid in _ranks(proc.pid):
-                peaks[pid] = max(peaks.get(pid, 0.0), _hwm_gib(pid))
+                peaks[pid] = max(peaks.get(pid, 0.0), models.status_kb("VmHWM", pid) / 2**20)
             time.sleep(0.2)
         if proc.poll() is None:
             proc.kill()
@@ -230,18 +212,12 @@ def with_derived(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def summarise(samples: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    table: dict[str, dict[str, dict[str, float]]] = {}
+def table_of(samples: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per case: each key's spread over the runs without errors, and the count of errors."""
+    table = models.summarise([s for s in samples if "error" not in s], "case", KEYS)
     for name in dict.fromkeys(s["case"] for s in samples):
-        rows = [s for s in samples if s["case"] == name and "error" not in s]
-        table[name] = {
-            "errors": {"median": len([s for s in samples if s["case"] == name]) - len(rows)}
-        }
-        for key in KEYS:
-            values = [float(s[key]) for s in rows if key in s]
-            if values:
-                table[name][key] = {"median": statistics.median(values), "min": min(values),
-                                    "max": max(values), "n": len(values)}  # fmt: skip
+        errors = sum(s["case"] == name and "error" in s for s in samples)
+        table.setdefault(name, {})["errors"] = {"median": errors}
     return table
 
 
@@ -251,38 +227,29 @@ def _median(table: dict[str, Any], name: str, key: str) -> float | None:
 
 def goals(table: dict[str, Any], size: str) -> dict[str, tuple[str, bool]]:
     out: dict[str, tuple[str, bool]] = {}
+    ours, ref = f"phalanx fsdp {size} ", f"hand fsdp {size} "
     for variant in ("eager", "ac"):
-        ours, ref = f"phalanx fsdp {size} {variant}", f"hand fsdp {size} {variant}"
-        tok, ref_tok = (
-            _median(table, ours, "tok_per_s_per_gpu"),
-            _median(table, ref, "tok_per_s_per_gpu"),
-        )
+        tok, ref_tok = (_median(table, n + variant, "tok_per_s_per_gpu") for n in (ours, ref))
         if tok and ref_tok:
-            out[f"{variant}: tokens/s >= 100% of the hand loop"] = (
-                f"{tok / ref_tok:.1%}",
-                tok >= ref_tok,
-            )
-        mem, ref_mem = _median(table, ours, "peak_mem_GiB"), _median(table, ref, "peak_mem_GiB")
+            share = f"{tok / ref_tok:.1%}"
+            out[f"{variant}: tokens/s >= 100% of the hand loop"] = (share, tok >= ref_tok)
+        mem, ref_mem = (_median(table, n + variant, "peak_mem_GiB") for n in (ours, ref))
         if mem and ref_mem:
-            out[f"{variant}: peak GPU memory <= hand loop + 5%"] = (
-                f"{mem:.2f} vs {ref_mem:.2f} GiB",
-                mem <= 1.05 * ref_mem,
-            )
-    eager = f"phalanx fsdp {size} eager"
-    beyond = _median(table, eager, "rss_beyond_shard_GiB")
+            both = f"{mem:.2f} vs {ref_mem:.2f} GiB"
+            out[f"{variant}: peak GPU memory <= hand loop + 5%"] = (both, mem <= 1.05 * ref_mem)
+    beyond = _median(table, ours + "eager", "rss_beyond_shard_GiB")
     if beyond is not None:
         out["host RSS per rank <= 2 GiB beyond its shard"] = (f"{beyond:.2f} GiB", beyond <= 2.0)
-    first = _median(table, eager, "launch_to_first_step_s")
+    first = _median(table, ours + "eager", "launch_to_first_step_s")
     if first is not None:
         out["launch to first step <= 15 s"] = (f"{first:.1f} s", first <= 15.0)
-    compiled = _median(table, f"phalanx fsdp {size} compile", "tok_per_s_per_gpu")
-    ref_tok = _median(table, f"hand fsdp {size} eager", "tok_per_s_per_gpu")
+    compiled = _median(table, ours + "compile", "tok_per_s_per_gpu")
+    ref_tok = _median(table, ref + "eager", "tok_per_s_per_gpu")
     if compiled and ref_tok:
-        out["per-block compile >= 115% of the eager hand loop"] = (
-            f"{compiled / ref_tok:.1%} ({compiled:.0f} tokens/s/GPU)",
-            compiled >= 1.15 * ref_tok,
-        )
-    return out  # fmt: skip
+        share = f"{compiled / ref_tok:.1%} ({compiled:.0f} tokens/s/GPU)"
+        name = "per-block compile >= 115% of the eager hand loop"
+        out[name] = (share, compiled >= 1.15 * ref_tok)
+    return out
 
 
 def report(result: dict[str, Any]) -> None:
@@ -313,9 +280,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--nproc", type=int, default=2, help="ranks (GPUs) on this node")
     parser.add_argument("--size", default="7b", choices=sorted(LLAMA_SIZES))
     parser.add_argument("--pair-size", default="3b", help="DDP/FSDP crossover size; '' skips it")
-    parser.add_argument(
-        "--variants", default="eager,ac,compile", help="of eager,ac,compile,compile-ac"
-    )
+    parser.add_argument("--variants", default="eager,ac,compile", help="of eager,ac,compile")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per torchrun job")
@@ -324,23 +289,14 @@ def parse() -> argparse.Namespace:
     return parser.parse_args()  # fmt: skip
 
 
-def machine() -> dict[str, Any]:
-    gpus = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-        capture_output=True, text=True, check=False,
-    ).stdout.strip().splitlines() if shutil.which("nvidia-smi") else []  # fmt: skip
-    return {"host": platform.node(), "gpus": gpus, "torch": torch.__version__,
-            "python": platform.python_version()}  # fmt: skip
-
-
 def main() -> None:
     if sys.argv[1:2] == ["hand"]:
         hand_main(sys.argv[2:])
         return
     args = parse()
     cuda = torch.cuda.is_available()
-    info = machine()
-    print(json.dumps(info), flush=True)
+    head = models.header()
+    print(json.dumps(head), flush=True)
     plan, samples, began = cases(args, cuda), [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="phalanx-fsdp-bench-") as root:
         for rep in range(args.reps):
@@ -348,24 +304,16 @@ def main() -> None:
                 sample = with_derived(launch(command(case, args, cuda, root), args.timeout_s))
                 sample.update(case=case["name"], rep=rep)
                 samples.append(sample)
-                print(
-                    json.dumps(
-                        {k: v for k, v in sample.items() if k not in ("ranks", "stderr_tail")}
-                    ),
-                    flush=True,
-                )
-    table = summarise(samples)
+                brief = {k: v for k, v in sample.items() if k not in ("ranks", "stderr_tail")}
+                print(json.dumps(brief), flush=True)
+    table = table_of(samples)
     result = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([sys.executable, *sys.argv]), "machine": info,
-        "device": ", ".join(info["gpus"]) or "cpu", "nproc": args.nproc, "reps": args.reps,
+        **head, "nproc": args.nproc, "reps": args.reps,
         "total_s": time.perf_counter() - began, "table": table, "samples": samples,
         "goals": goals(table, args.size),
     }  # fmt: skip
     report(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out} ({result['total_s']:.0f} s)")
+    models.write_record(args.out, result)
 
 
 if __name__ == "__main__":

@@ -1,32 +1,27 @@
-"""Worker of benchmarks/fsdp_llama.py: phalanx.Trainer on the Llama-shaped decoder of
-benchmarks/models.py, given as a meta-device factory.
-
-    torchrun --standalone --nproc_per_node=2 benchmarks/fsdp_llama_train.py bench.size=7b \\
-        train.strategy=fsdp [train.activation_checkpointing=full] [train.compile=true] [...]
-
-Same step as the hand loop (`fsdp_llama.py hand`): batch 1 per GPU, seq 2048, random tokens,
-bf16 (FSDP2 bf16 parameters, fp32 reduction, autocast on top), fused AdamW lr 3e-4, clip 1.0; 3
-warm-up steps, then 10 timed between two CUDA synchronisations. The Trainer logs only after the
-last step. Rank 0 prints one JSON line with the hand loop's keys, plus: host memory per rank
-(peak RSS, the local parameter shard's bytes), seconds from launch (`bench.t0`) and from main()
-to the end of the first step, and the Trainer's construction time (model build, init, sharding).
+"""Worker of benchmarks/fsdp_llama.py (under torchrun): phalanx.Trainer on models.py's
+Llama-shaped decoder, given as a meta-device factory, with the hand loop's step (`fsdp_llama.py
+hand`: batch 1 per GPU, seq 2048, random tokens, bf16 FSDP2 parameters with fp32 reduction under
+autocast, fused AdamW lr 3e-4, clip 1.0; 3 warm-up steps, then 10 timed between two CUDA
+synchronisations; the Trainer logs only after the last). Rank 0 prints one JSON line with the
+hand loop's keys, plus each rank's peak RSS and local parameter shard, seconds from launch
+(`bench.t0`) and from main() to the end of the first step, and the Trainer's construction time.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import models
 import torch
 from models import LLAMA_SIZES, PEAK_FLOPS, Tokens, llama, llama_params, lm_step
-from torch import nn
 
 import phalanx
-from phalanx.config.training import CheckpointConfig, PrecisionName, Strategy
 from phalanx.dist.collectives import all_gather_object
 
 
@@ -55,36 +50,19 @@ class Bench:
     """time.time() when the launcher started torchrun (0: this process's start)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Train(phalanx.TrainConfig):
-    strategy: Strategy = "fsdp"
-    precision: PrecisionName = "bf16"
-    clip_grad_norm: float = 1.0
-    log_every: int = 10**6
-    progress: bool = False
-    nan_policy: str = "skip"  # type: ignore[assignment]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Data(phalanx.DataConfig):
-    batch_size: int = 1
-    num_workers: int = 0
-    shuffle: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class Checkpoint(CheckpointConfig):
-    sharded: bool = True
-    at_end: bool = False
+# The hand loop's settings (`fsdp_llama.py hand`); the command line's come after them and win.
+DEFAULTS = [
+    "train.strategy=fsdp", "train.precision=bf16", "train.clip_grad_norm=1.0",
+    "train.log_every=1000000", "train.progress=false", "train.nan_policy=skip",
+    "data.batch_size=1", "data.num_workers=0", "data.shuffle=false",
+    "checkpoint.sharded=true", "checkpoint.at_end=false",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
 class Config(phalanx.TrainerConfig):
     bench: Bench = field(default_factory=Bench)
     """This benchmark's settings."""
-    train: Train = field(default_factory=Train)
-    data: Data = field(default_factory=Data)
-    checkpoint: Checkpoint = field(default_factory=Checkpoint)
 
 
 class Marks(phalanx.Callback):
@@ -102,22 +80,6 @@ class Marks(phalanx.Callback):
             self.at[step] = time.time()
 
 
-def status_kb(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def shard_bytes(model: nn.Module) -> int:
-    """This rank's parameters in host terms: the local shard under FSDP, everything under DDP."""
-    total = 0
-    for param in model.parameters():
-        local = param.to_local() if hasattr(param, "to_local") else param
-        total += local.numel() * local.element_size()
-    return total
-
-
 def train(d: phalanx.Dist, cfg: Config, record: dict[str, Any]) -> None:
     bench, cuda = cfg.bench, d.device.type == "cuda"
     marks = Marks(bench)
@@ -129,7 +91,7 @@ def train(d: phalanx.Dist, cfg: Config, record: dict[str, Any]) -> None:
         optimizer=lambda p: torch.optim.AdamW(p, lr=3e-4, fused=cuda), callbacks=[marks],
     )  # fmt: skip
     record["trainer_s"] = time.time() - built
-    record["shard_GiB"] = shard_bytes(trainer.model) / 2**30
+    record["shard_GiB"] = models.local_bytes(trainer.model.parameters()) / 2**30
     history = trainer.fit()
     last = bench.warmup + bench.steps
     step_s = (marks.at[last] - marks.at[bench.warmup]) / bench.steps
@@ -145,7 +107,7 @@ def train(d: phalanx.Dist, cfg: Config, record: dict[str, Any]) -> None:
 
 def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
-    cfg = phalanx.parse_config(Config)
+    cfg = phalanx.parse_config(Config, [*DEFAULTS, *sys.argv[1:]])
     train_cfg, bench = cfg.train, cfg.bench
     assert bench.size in LLAMA_SIZES, f"bench.size={bench.size}: one of {sorted(LLAMA_SIZES)}"
     out: dict[str, Any] = {
@@ -156,14 +118,14 @@ def main() -> None:
     }  # fmt: skip
     with phalanx.distributed(cfg) as d:
         out["world"] = d.env.world_size
-        record: dict[str, Any] = {"rss_after_init_GiB": status_kb("VmRSS") / 2**20}
+        record: dict[str, Any] = {"rss_after_init_GiB": models.status_kb("VmRSS") / 2**20}
         try:
             train(d, cfg, record)
         except torch.OutOfMemoryError:
             record["error"] = "OOM"
         if d.device.type == "cuda":
             record["peak_mem_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        record["peak_rss_GiB"] = status_kb("VmHWM") / 2**20
+        record["peak_rss_GiB"] = models.status_kb("VmHWM") / 2**20
         ranks = all_gather_object(record)
     if d.env.rank == 0:
         out.update({k: v for k, v in ranks[0].items() if k not in ("rss_after_init_GiB",)})

@@ -2,25 +2,22 @@
 against the same model and batch trained by phalanx.Trainer with DDP (goal: within 5%).
 
     torchrun --standalone --nproc_per_node=2 benchmarks/horovod_vs_ddp.py [--reps 5]
-        [--sides shim hand_ddp ddp ddp_log ddp_sync] [--model resnet18|small|linear] [--out PATH]
+        [--sides shim hand_ddp ddp] [--model resnet18|small] [--out PATH]
     torchrun --standalone --nproc_per_node=1 benchmarks/horovod_vs_ddp.py --smoke   # CPU
 
 The sides run in the same processes, interleaved (the order rotates each repetition): the shim
 (the example's loop with hvd.DistributedOptimizer); a hand loop on torch's DDP (the baseline:
 what DDP itself costs); the Trainer with per-rank BatchNorm statistics (Horovod's semantics, the
-goal's comparison), the same logging every --warmup steps (`ddp_log`), and with torch's default
-buffer broadcast (`ddp_sync`). Each repetition builds the model from seed 0 and trains --warmup
+goal's comparison). Each repetition builds the model from seed 0 and trains --warmup
 untimed then --steps timed steps of one fixed batch per rank (SGD, lr 0.01 x world size, as
 examples/horovod/synthetic_benchmark.py); a repetition's time is the slowest rank's. Prints
 img/s per GPU (median, spread, paired by repetition) and per step the wall ms, the launching
-thread's CPU ms and its voluntary context switches; writes JSON. `--model linear` (one linear
-layer on 2x2 images) leaves the loops' own host work alone, on any CPU.
+thread's CPU ms and its voluntary context switches; writes JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
 import tempfile
@@ -32,28 +29,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from models import classifier
+from models import classifier, synced, write_record
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import phalanx
 import phalanx.horovod as hvd
 from phalanx.config import load
+from phalanx.horovod.runtime import RUNTIME
 from phalanx.train.strategy import ddp_buffer_sync  # the keyword this torch has, no warning
 
 RESULTS = Path(__file__).parent / "results"
 ModelFactory = Callable[[], nn.Module]
-SIDES = ("shim", "hand_ddp", "ddp", "ddp_log", "ddp_sync")
-"""hand_ddp: a hand loop on torch's DDP; ddp: the Trainer, buffers per rank, as Horovod;
-ddp_log: the same, logging every --warmup steps inside the timed window (what logging costs);
-ddp_sync: the Trainer, rank 0's buffers broadcast before each forward (torch's default).
-A Trainer side may carry a variant, "ddp:train.x=y,data.z=w": its settings after the side's
-own, interleaved with the rest (what one setting costs, measured in one run)."""
-TRAINER_SIDES = {
-    "ddp": ["train.ddp_broadcast_buffers=false"],
-    "ddp_log": ["train.ddp_broadcast_buffers=false"],
-    "ddp_sync": ["train.ddp_broadcast_buffers=true"],
-}
+SIDES = ("shim", "hand_ddp", "ddp")
+"""hand_ddp: a hand loop on torch's DDP; ddp: the Trainer, buffers per rank, as Horovod."""
 
 
 class Batch:
@@ -66,11 +55,6 @@ class Batch:
 
     def loss(self, model: nn.Module) -> torch.Tensor:
         return F.cross_entropy(model(self.data), self.target)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 Span = tuple[float, float, float]
@@ -87,16 +71,9 @@ def slowest(start: Span, end: Span) -> Span:
     """Each of the window's measures, the largest over ranks: a step is as slow as its
     slowest rank."""
     value = torch.tensor([b - a for a, b in zip(start, end, strict=True)], dtype=torch.float64)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=hvd_cpu_group())
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=RUNTIME.cpu_group)  # gloo: a CPU tensor
     wall, cpu, switches = value.tolist()
     return wall, cpu, switches
-
-
-def hvd_cpu_group() -> Any:
-    """A gloo group for the timing scalar (CPU tensor) also when the job runs on NCCL."""
-    from phalanx.horovod.runtime import RUNTIME
-
-    return RUNTIME.cpu_group
 
 
 def run_shim(
@@ -141,11 +118,11 @@ def run_hand_ddp(
 def timed(step: Callable[[], None], args: argparse.Namespace, device: torch.device) -> Span:
     for _ in range(args.warmup):
         step()
-    sync(device)
+    synced(device)
     start = clock()
     for _ in range(args.steps):
         step()
-    sync(device)
+    synced(device)
     return slowest(start, clock())
 
 
@@ -171,39 +148,36 @@ class Timer(phalanx.Callback[phalanx.Trainer]):
 
     def on_step_end(self, trainer: phalanx.Trainer) -> None:
         if trainer.state.step in self.at:
-            sync(self.device)
+            synced(self.device)
             self.marks[trainer.state.step] = clock()
 
 
-def trainer_config(args: argparse.Namespace, run_root: str, side: str) -> phalanx.TrainerConfig:
+def trainer_config(args: argparse.Namespace, run_root: str) -> phalanx.TrainerConfig:
     end = args.warmup + args.steps + 1  # one step after the window: its only logging point
-    base, _, variant = side.partition(":")
     overrides = [
-        "train.strategy=ddp", f"train.max_steps={end}",
-        f"train.log_every={args.warmup if base == 'ddp_log' else end}",
+        "train.strategy=ddp", f"train.max_steps={end}", f"train.log_every={end}",
         f"data.batch_size={args.batch_size}",
         "data.num_workers=0", "data.shuffle=false", "train.progress=false",
         "checkpoint.at_end=false", "track.plots=false", "track.trackers=jsonl",
         # Horovod applies every update; so does `count` (skip/stop would mask non-finite ones,
         # which with the non-fused SGD here costs a host read per step: phalanx warns of it).
         "train.nan_policy=count",
-        *TRAINER_SIDES[base], f"run.root={run_root}", "run.name=ddp", *args.overrides,
-        *(variant.split(",") if variant else []),
+        "train.ddp_broadcast_buffers=false", f"run.root={run_root}", "run.name=ddp",
+        *args.overrides,
     ]  # fmt: skip
     return load(phalanx.TrainerConfig, overrides=overrides)
 
 
 def run_ddp(
-    d: phalanx.Dist, build: ModelFactory, batch: Batch, args: argparse.Namespace, run_root: str,
-    side: str,
-) -> Span:  # fmt: skip
+    d: phalanx.Dist, build: ModelFactory, batch: Batch, args: argparse.Namespace, run_root: str
+) -> Span:
     """Seconds for args.steps steps of the same model and batch in phalanx.Trainer (DDP)."""
     torch.manual_seed(0)
     end = args.warmup + args.steps
     timer = Timer(d.device, (args.warmup, end))
     world = d.env.world_size
     trainer = phalanx.Trainer(
-        d, config=trainer_config(args, run_root, side), model=build(),
+        d, config=trainer_config(args, run_root), model=build(),
         optimizer=lambda p: torch.optim.SGD(p, lr=0.01 * world),
         train_data=StepIndices(args.batch_size * world * (end + 1)),
         train_step=lambda model, _indices: batch.loss(model), callbacks=[timer],
@@ -223,17 +197,6 @@ def summary(spans: list[Span], args: argparse.Namespace) -> dict[str, Any]:
         "cpu_ms_per_step": round(1000 * statistics.median(c for _, c, _ in spans) / args.steps, 3),
         "waits_per_step": round(statistics.median(v for _, _, v in spans) / args.steps, 2),
     }
-
-
-def percent(side: dict[str, Any], base: dict[str, Any]) -> float:
-    return round(100 * (float(side["median"]) / float(base["median"]) - 1), 1)
-
-
-def paired(side: dict[str, Any], base: dict[str, Any]) -> float:
-    """Median over repetitions of side/base - 1: a repetition's sides run back to back, so
-    drift through the run (which moves both medians, spread 13-44% on lent GPUs) cancels."""
-    pairs = zip(side["img_per_s_per_gpu"], base["img_per_s_per_gpu"], strict=True)
-    return round(100 * float(statistics.median(a / b - 1 for a, b in pairs)), 1)
 
 
 def report(results: dict[str, Any]) -> str:
@@ -258,35 +221,35 @@ def report(results: dict[str, Any]) -> str:
 
 
 def comparisons(sides: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    """'a vs b' -> (ratio of medians - 1, ratio paired by repetition - 1), in percent, for the
-    sides that ran. 'shim vs ddp' is the goal's comparison; 'ddp_log vs ddp' prices logging."""
-    trainer = [s for s in sides if s.partition(":")[0] in TRAINER_SIDES]
-    wanted = [(a, b) for a in ("shim", "hand_ddp") for b in trainer]
-    wanted += [(a, "ddp") for a in trainer if a != "ddp"]
-    return {
-        f"{a} vs {b}": (percent(sides[a], sides[b]), paired(sides[a], sides[b]))
-        for a, b in wanted
-        if a in sides and b in sides and a != b
-    }
+    """'a vs ddp' -> (ratio of medians - 1, ratio paired by repetition - 1), in percent, for the
+    sides that ran; 'shim vs ddp' is the goal's. Paired: a repetition's sides run back to back,
+    so drift through the run (which moves both medians, spread 13-44% on lent GPUs) cancels."""
+    out: dict[str, tuple[float, float]] = {}
+    for name in ("shim", "hand_ddp"):
+        if name in sides and "ddp" in sides:
+            side, base = sides[name], sides["ddp"]
+            pairs = zip(side["img_per_s_per_gpu"], base["img_per_s_per_gpu"], strict=True)
+            out[f"{name} vs ddp"] = (
+                round(100 * (side["median"] / base["median"] - 1), 1),
+                round(100 * statistics.median(a / b - 1 for a, b in pairs), 1),
+            )
+    return out
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="torchvision model, 'small' or 'linear'")
+    parser.add_argument("--model", default=None, help="torchvision model or 'small'")
     parser.add_argument("--batch-size", type=int, default=32, help="images per rank and step")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps (a logging point)")
     parser.add_argument("--steps", type=int, default=100, help="timed steps, a multiple of warmup")
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each side")
-    parser.add_argument("--sides", nargs="+", default=list(SIDES), help=f"of {SIDES}[:variant]")
+    parser.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
     parser.add_argument("--smoke", action="store_true", help="tiny CPU run: 1 rep, small CNN")
     parser.add_argument("--out", default="", help="JSON path (default benchmarks/results/...)")
     parser.add_argument("overrides", nargs="*", help="train.x=y for both Trainer sides")
     args = parser.parse_args(argv)
     if args.smoke:
         args.model, args.batch_size, args.warmup, args.steps, args.reps = "small", 4, 2, 4, 1
-    unknown = [s for s in args.sides if s.partition(":")[0] not in SIDES]
-    if unknown or any(":" in s and s.partition(":")[0] not in TRAINER_SIDES for s in args.sides):
-        parser.error(f"--sides: each of {SIDES}, a Trainer side with ':train.x=y,...' at most")
     if args.steps % args.warmup:
         parser.error("--steps must be a multiple of --warmup (the Trainer's logging points)")
     return args
@@ -309,7 +272,7 @@ def main() -> None:
                 elif side == "hand_ddp":
                     took = run_hand_ddp(build, batch, args, d.device)
                 else:
-                    took = run_ddp(d, build, batch, args, run_root, side)
+                    took = run_ddp(d, build, batch, args, run_root)
                 spans[side].append(took)
         if d.env.is_main_process:
             write(args, name, d, {side: summary(s, args) for side, s in spans.items()})
@@ -326,10 +289,8 @@ def write(args: argparse.Namespace, model: str, d: phalanx.Dist, sides: dict[str
     }  # fmt: skip
     print(report(results), flush=True)
     kind = "smoke" if args.smoke else f"{d.env.world_size}x{d.device.type}"
-    out = Path(args.out) if args.out else RESULTS / f"horovod_vs_ddp-{kind}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {out}", flush=True)
+    write_record(Path(args.out) if args.out else RESULTS / f"horovod_vs_ddp-{kind}.json",
+                 results, indent=2)  # fmt: skip
 
 
 if __name__ == "__main__":

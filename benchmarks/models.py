@@ -1,12 +1,23 @@
 """The models and synthetic data every benchmark script shares: a GPT-2-shaped decoder (the
 step-overhead model), a Llama-shaped decoder (FSDP and checkpoints at size), the Horovod
 example's classifier, and random token windows. Each size has a `tiny` entry for CPU smoke
-tests. Both sides of a comparison build their model from here, so they train the same thing."""
+tests. Both sides of a comparison build their model from here, so they train the same thing.
+The last section holds the record helpers the scripts share (spreads, machine, state size)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable, Iterator
+import json
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,7 +30,6 @@ GPT_SIZES = {  # batch, seq, vocab, layers, heads, width
 }
 LLAMA_SIZES = {  # layers, width, heads, MLP hidden, vocab
     "tiny": (2, 64, 4, 128, 512),
-    "125m": (12, 768, 12, 2048, 32000),
     "small": (4, 1024, 16, 2816, 32000),  # ~0.3 B parameters, ~3.6 GB of training state
     "1b": (16, 2048, 16, 5632, 32000),
     "20gb": (12, 3200, 32, 8640, 32000),  # ~1.7 B parameters, ~20 GB of training state
@@ -167,18 +177,6 @@ class SmallNet(nn.Module):
         return self.fc(torch.flatten(x, 1))  # type: ignore[no-any-return]
 
 
-class LinearNet(nn.Module):
-    """One linear layer on 2x2 images: a step with almost no model work, so that sides differ
-    by their loops' own host work alone."""
-
-    def __init__(self, num_classes: int = 1000) -> None:
-        super().__init__()
-        self.fc = nn.Linear(3 * 2 * 2, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(x, 1))  # type: ignore[no-any-return]
-
-
 def classifier(name: str | None) -> tuple[str, Callable[[], nn.Module], int]:
     """(name, constructor, image size) of an image classifier, the Horovod example's default:
     torchvision's resnet18 where torchvision is installed, SmallNet otherwise."""
@@ -190,8 +188,83 @@ def classifier(name: str | None) -> tuple[str, Callable[[], nn.Module], int]:
         name = "resnet18" if models is not None else "small"
     if name == "small":
         return name, SmallNet, 32
-    if name == "linear":
-        return name, LinearNet, 2
     if models is None:
         raise SystemExit(f"--model {name} needs torchvision (pip install torchvision)")
     return name, getattr(models, name), 224
+
+
+# Shared record helpers: every script's JSON record is built from these.
+
+
+def spread(values: Iterable[float]) -> dict[str, float]:
+    """Median, min, max, stdev and count: how every record states a repeated measurement."""
+    v = list(values)
+    stdev = statistics.stdev(v) if len(v) > 1 else 0.0
+    return {
+        "median": statistics.median(v),
+        "min": min(v),
+        "max": max(v),
+        "stdev": stdev,
+        "n": len(v),
+    }
+
+
+def summarise(samples: list[dict[str, Any]], by: str, keys: Iterable[str]) -> dict[str, Any]:
+    """Per value of sample[by], in order of appearance: the spread of each key its samples have."""
+    table: dict[str, Any] = {}
+    for name in dict.fromkeys(s[by] for s in samples):
+        rows = [s for s in samples if s[by] == name]
+        table[name] = {k: spread(float(s[k]) for s in rows if k in s)
+                       for k in keys if any(k in s for s in rows)}  # fmt: skip
+    return table
+
+
+def local_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of this rank's part of `tensors` (a DTensor's local shard); non-tensors skipped."""
+    parts = [t.to_local() if hasattr(t, "to_local") else t for t in tensors if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in parts)
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """This rank's share of parameters and optimizer state."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return local_bytes([*params, *(v for p in params for v in optimizer.state[p].values())])
+
+
+def synced(device: torch.device) -> float:
+    """perf_counter() once the device's queued work is done: what every timed window is between."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def status_kb(key: str, pid: int | str = "self") -> int:
+    """A /proc/PID/status field in kB (VmRSS, VmHWM); 0 once the process is gone."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def header() -> dict[str, Any]:
+    """When, by which command and on which machine a record was measured."""
+    info = machine()
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join([sys.executable, *sys.argv]), "machine": info,
+            "device": ", ".join(info["gpus"]) or "cpu"}  # fmt: skip
+
+
+def machine() -> dict[str, Any]:
+    """The host, its GPUs (nvidia-smi), torch and Python: who measured a record."""
+    query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+    found = shutil.which("nvidia-smi")
+    gpus = subprocess.run(query, capture_output=True, text=True, check=False) if found else None
+    return {"host": platform.node(), "gpus": gpus.stdout.strip().splitlines() if gpus else [],
+            "torch": torch.__version__, "python": platform.python_version()}  # fmt: skip
+
+
+def write_record(out: Path, record: dict[str, Any], indent: int = 1) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=indent) + "\n")
+    print(f"wrote {out}", flush=True)

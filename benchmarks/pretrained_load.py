@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from models import status_kb
 from torch import nn
 
 
@@ -26,13 +27,6 @@ class Wide(nn.Module):
     def __init__(self, layers: int, width: int) -> None:
         super().__init__()
         self.layers = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(layers))
-
-
-def status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
 
 
 def write(path: Path, layers: int, width: int, fmt: str) -> None:

@@ -62,21 +62,13 @@ def main() -> None:
     }
     for name, (value, goal) in goals.items():
         print(f"{name:<32}{value:>10.3f}  goal <= {goal}  {'OK' if value <= goal else 'MISSED'}")
+    met = {k: {"value": v, "goal": g, "met": v <= g} for k, (v, g) in goals.items()}
+    record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": platform.node(), "python": platform.python_version(),
+              "reps": len(samples["import torch"]), "samples_s": samples, "median_s": med,
+              "goals": met}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "machine": platform.node(),
-                "python": platform.python_version(),
-                "reps": len(samples["import torch"]),
-                "samples_s": samples,
-                "median_s": med,
-                "goals": {k: {"value": v, "goal": g, "met": v <= g} for k, (v, g) in goals.items()},
-            },
-            indent=2,
-        )
-    )
+    args.out.write_text(json.dumps(record, indent=2))
     print(f"wrote {args.out}")
 
 

@@ -2,8 +2,8 @@
 windows (the goal: at most 1% slower).
 
     torchrun --standalone --nproc_per_node=1 benchmarks/step_overhead.py [--size gpt2|tiny]
-        [--bf16] [--clip 1.0] [--compile [--compile-mode MODE]] [--warmup 20] [--window 20]
-        [--pairs 15] [--control] [--out PATH] [train.x=y ...]
+        [--bf16] [--clip 1.0] [--compile] [--warmup 20] [--window 20] [--pairs 15] [--control]
+        [--out PATH] [train.x=y ...]
 
 The baseline, `hand_loop` below, is the plain PyTorch loop a user would write: GPT-2 small
 (benchmarks/models.py), DDP when there are several ranks, AdamW, optional bf16 autocast, clipping
@@ -26,7 +26,6 @@ pairs' ratios and MFU (against 989 TFLOP/s at --size gpt2); writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -34,26 +33,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from models import GPT_SIZES, Tokens, gpt, gpt_mfu, hand_batches, lm_step
+from models import GPT_SIZES, Tokens, gpt, gpt_mfu, hand_batches, lm_step, synced, write_record
 from torch import nn
 
 import phalanx
 from phalanx.config import load
 
 
-def make_optimizer(args: argparse.Namespace) -> Callable[[Any], torch.optim.Optimizer]:
-    fused = args.opt == "fused"
-    return lambda params: torch.optim.AdamW(params, lr=3e-4, fused=fused, foreach=not fused)
+def make_optimizer(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=3e-4, fused=True)
 
 
 def trainer_config(args: argparse.Namespace) -> phalanx.TrainerConfig:
     """The Trainer's settings matching the hand loop's: batch, precision, clipping, compile."""
-    compiled = ["train.compile=true", f"train.compile_mode={args.compile_mode}"]
     overrides = [
         f"data.batch_size={GPT_SIZES[args.size][0]}", "train.progress=false",
         *(["train.precision=bf16"] if args.bf16 else []),
         *([f"train.clip_grad_norm={args.clip}"] if args.clip > 0 else []),
-        *(compiled if args.compile else []), *args.overrides,
+        *(["train.compile=true"] if args.compile else []), *args.overrides,
     ]  # fmt: skip
     return load(phalanx.TrainerConfig, overrides=overrides)
 
@@ -69,8 +66,8 @@ def hand_loop(args: argparse.Namespace, d: phalanx.Dist) -> Callable[[int], None
 
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     if args.compile:
-        model = torch.compile(model, mode=args.compile_mode)  # type: ignore[assignment]
-    opt = make_optimizer(args)(model.parameters())
+        model = torch.compile(model)  # type: ignore[assignment]
+    opt = make_optimizer(model.parameters())
     data = hand_batches(b, t, v, device, d.env.rank)
 
     def steps(n: int) -> None:
@@ -85,13 +82,6 @@ def hand_loop(args: argparse.Namespace, d: phalanx.Dist) -> Callable[[int], None
             opt.zero_grad(set_to_none=True)
 
     return steps
-
-
-def now(device: torch.device) -> float:
-    """The time once the device's queued work is done (each window is timed between two)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 class Alternate(phalanx.Callback):
@@ -110,11 +100,11 @@ class Alternate(phalanx.Callback):
         if past < 0 or past % window or past > window * self.args.pairs:
             return
         if past > 0:
-            self.times["trainer"].append((now(self.device) - self.started) * 1e3 / window)
-            began = now(self.device)
+            self.times["trainer"].append((synced(self.device) - self.started) * 1e3 / window)
+            began = synced(self.device)
             self.hand(window)
-            self.times["hand"].append((now(self.device) - began) * 1e3 / window)
-        self.started = now(self.device)
+            self.times["hand"].append((synced(self.device) - began) * 1e3 / window)
+        self.started = synced(self.device)
 
 
 def control(args: argparse.Namespace) -> None:
@@ -130,9 +120,9 @@ def control(args: argparse.Namespace) -> None:
         times: dict[str, list[float]] = {"hand": [], "trainer": []}
         for _ in range(args.pairs):
             for side, steps in (("trainer", second), ("hand", first)):
-                began = now(d.device)
+                began = synced(d.device)
                 steps(args.window)
-                times[side].append((now(d.device) - began) * 1e3 / args.window)
+                times[side].append((synced(d.device) - began) * 1e3 / args.window)
         if d.env.rank == 0:
             report(args, d, times)
 
@@ -151,7 +141,7 @@ def run(args: argparse.Namespace) -> None:
         trainer = phalanx.Trainer(
             d, config=cfg, model=gpt(args.size),
             train_data=Tokens(v, t, b * d.env.world_size * (steps + 1)), train_step=lm_step,
-            optimizer=make_optimizer(args), callbacks=[alternate],
+            optimizer=make_optimizer, callbacks=[alternate],
         )  # fmt: skip
         trainer.fit()
         if d.env.rank == 0:
@@ -166,7 +156,7 @@ def report(args: argparse.Namespace, d: phalanx.Dist, times: dict[str, list[floa
     world = d.env.world_size
     what = "A/A control" if args.control else "trainer against hand loop"
     print(f"{world} x {name}, torch {torch.__version__}, size {args.size}, compiled "
-          f"{args.compile} ({args.compile_mode}), {len(hand)} pairs of {args.window}-step "
+          f"{args.compile}, {len(hand)} pairs of {args.window}-step "
           f"windows, {what}")  # fmt: skip
     print(f"{'side':<11}{'median ms':>11}{'min..max':>17}{'MFU':>8}")
     ours_name = "hand (2nd)" if args.control else "trainer"
@@ -178,13 +168,11 @@ def report(args: argparse.Namespace, d: phalanx.Dist, times: dict[str, list[floa
     print(f"overhead of the medians {t_med / h_med - 1:+.2%} ({verdict}); "
           f"median of the pairs' ratios {paired:+.2%}")  # fmt: skip
     out = args.out or Path("benchmarks/results") / f"step_overhead_{world}x{d.device.type}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     record = {"device": name, "world": world, "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "args": vars(args) | {"out": str(out)},
               "hand_ms": hand, "trainer_ms": ours, "hand_median": h_med, "trainer_median": t_med,
               "overhead": t_med / h_med - 1, "paired": paired}  # fmt: skip
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_record(out, record)
 
 
 def main() -> None:
@@ -193,11 +181,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--window", type=int, default=20)
     parser.add_argument("--pairs", type=int, default=15)
-    parser.add_argument("--opt", choices=("fused", "foreach"), default="fused")
     parser.add_argument("--clip", type=float, default=0.0, help="clip norm for both sides")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides")
     parser.add_argument("--compile", action="store_true", help="torch.compile both sides")
-    parser.add_argument("--compile-mode", default="default")
     parser.add_argument(
         "--control", action="store_true", help="A/A: the hand loop against itself, no Trainer"
     )
@@ -213,10 +199,7 @@ def main() -> None:
         parser.error(f"{fixed[0]}: set from --warmup, --pairs and --window; leave it out")
     if args.control and args.overrides:
         parser.error("--control runs no Trainer: leave out train.x=y overrides")
-    if args.control:
-        control(args)
-    else:
-        run(args)
+    (control if args.control else run)(args)
 
 
 if __name__ == "__main__":

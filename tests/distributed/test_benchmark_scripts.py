@@ -89,7 +89,8 @@ def test_checkpoint_at_size_saves_then_resumes(tmp_path: Path) -> None:
     out = tmp_path / "size.json"
     script("checkpoint_at_size.py", "--nproc", "1", "--shape", "tiny", "--reps", "1",
            "--modes", "sync", "--dd-gib", "0", "--keep-caches", "--dir", str(tmp_path / "c"),
-           "--out", str(out), "bench.baseline_steps=3", timeout=160)  # fmt: skip
+           "--out", str(out), "bench.baseline_steps=3", "bench.seq=64",
+           "bench.samples=1000", timeout=160)  # fmt: skip
     got = record(out)
     assert got["read"]["cache_dropped"] is False and got["read"]["bytes"] > 0
     assert got["table"]["sync"]["write_s"]["median"] > 0
@@ -127,7 +128,7 @@ def test_horovod_vs_ddp_compares_every_side(tmp_path: Path) -> None:
     out = tmp_path / "hvd.json"
     script("horovod_vs_ddp.py", "--smoke", "--out", str(out), launch=TORCHRUN)
     got = record(out)
-    assert got["sides"] == ["shim", "hand_ddp", "ddp", "ddp_log", "ddp_sync"]
+    assert got["sides"] == ["shim", "hand_ddp", "ddp"]
     for side in got["sides"]:
         assert got[side]["median"] > 0 and got[side]["step_ms"] > 0
     shim, ddp = got["shim"]["median"], got["ddp"]["median"]
