@@ -7,9 +7,8 @@ preloads (`worker-start`).
     python benchmarks/data_loading.py worker-start [--reps 7] [--workers 4]
         [--line "from x.y import Z"] [--out PATH]
 
-`take`: two in-memory data sets, `tokens` (GPT-2 batches: 8 windows of 1,025 random int64
-tokens) and `images` (64 FashionMNIST-shaped samples: a uint8 28x28 slice made float and
-normalised, as examples/fashion_mnist.py does). For each number of workers a persistent
+`take`: an in-memory data set of GPT-2 batches (8 windows of 1,025 random int64 tokens).
+For each number of workers a persistent
 DataLoader is built, 20 batches warm it up, then `--batches` batches are timed: the calling
 thread's CPU time and the process's (all its threads; the workers are other processes), per
 batch. While no batch is ready the caller waits, which costs no CPU, so both are the take's own
@@ -44,25 +43,10 @@ from typing import Any
 
 import torch
 from models import Tokens, write_record
-from torch.utils.data import DataLoader, Dataset
-
-
-class Images(Dataset[tuple[torch.Tensor, int]]):
-    """FashionMNIST's shape held in memory (random pixels): a sample is a slice and a cast."""
-
-    def __init__(self, count: int) -> None:
-        self.pixels = torch.randint(0, 256, (count, 28, 28), dtype=torch.uint8)
-
-    def __len__(self) -> int:
-        return len(self.pixels)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return (self.pixels[index].float().div_(255.0) - 0.286) / 0.353, index % 10
-
+from torch.utils.data import DataLoader
 
 DATA: dict[str, tuple[Any, int]] = {
     "tokens": (lambda: Tokens(50257, 1024, 8 * 2000), 8),
-    "images": (lambda: Images(64 * 500), 64),
 }
 
 
