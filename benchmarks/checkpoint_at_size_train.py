@@ -47,7 +47,6 @@ class Bench:
     baseline_steps: int = 10  # timed before each save; the first two (the deletion's) dropped
     max_write_steps: int = 5000  # steps after an async save before waiting for its write
     out: str = ""  # JSON file (rank 0)
-    t0: float = 0.0  # resume: time.time() when the launcher started torchrun
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -279,7 +278,6 @@ def resume(parts: Parts, run_dir: Path, marks: dict[str, float]) -> None:
     """A fresh job: Checkpointer.resume() (checkpoint.resume=auto) timed, then one step."""
     store = CheckpointStore(run_dir / "checkpoints", keep_last=100)
     checkpointer = parts.checkpointer(store, resume="auto", sharded=True, async_save=False)
-    marks["trainer"] = time.time()  # model, optimizer and Checkpointer built
     start = time.perf_counter()
     state = checkpointer.resume()
     marks["load_s"] = time.perf_counter() - start
@@ -305,11 +303,10 @@ DEFAULTS = [
 
 
 def main() -> None:
-    started = time.time()
     cfg = phalanx.parse_config(BenchConfig, [*DEFAULTS, *sys.argv[1:]])
     bench = cfg.bench
     with phalanx.distributed(cfg) as d:
-        marks = {"t0": bench.t0 or started, "main": started, "group": time.time()}
+        marks: dict[str, float] = {}
         assert d.run_dir is not None, "the benchmark needs a run directory"
         parts = build(d, cfg)
         if bench.phase == "train":

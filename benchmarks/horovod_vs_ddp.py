@@ -11,8 +11,8 @@ what DDP itself costs); the Trainer with per-rank BatchNorm statistics (Horovod'
 goal's comparison). Each repetition builds the model from seed 0 and trains --warmup
 untimed then --steps timed steps of one fixed batch per rank (SGD, lr 0.01 x world size, as
 examples/horovod/synthetic_benchmark.py); a repetition's time is the slowest rank's. Prints
-img/s per GPU (median, spread, paired by repetition) and per step the wall ms, the launching
-thread's CPU ms and its voluntary context switches; writes JSON.
+img/s per GPU (median, spread, paired by repetition) and per step the wall ms and the launching
+thread's CPU ms; writes JSON.
 """
 
 from __future__ import annotations
@@ -57,14 +57,14 @@ class Batch:
         return F.cross_entropy(model(self.data), self.target)
 
 
-Span = tuple[float, float, float]
-"""(wall seconds, the main thread's CPU seconds, its voluntary context switches) of a window:
-CPU time near the wall time means the launching thread was busy; far below it, it waited."""
+Span = tuple[float, float]
+"""(wall seconds, the launching thread's CPU seconds) of a window: CPU time near the wall time
+means the launching thread was busy; far below it, it waited."""
 
 
 def clock() -> Span:
     usage = resource.getrusage(resource.RUSAGE_THREAD)  # this (the launching) thread alone
-    return time.perf_counter(), usage.ru_utime + usage.ru_stime, float(usage.ru_nvcsw)
+    return time.perf_counter(), usage.ru_utime + usage.ru_stime
 
 
 def slowest(start: Span, end: Span) -> Span:
@@ -72,8 +72,8 @@ def slowest(start: Span, end: Span) -> Span:
     slowest rank."""
     value = torch.tensor([b - a for a, b in zip(start, end, strict=True)], dtype=torch.float64)
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=RUNTIME.cpu_group)  # gloo: a CPU tensor
-    wall, cpu, switches = value.tolist()
-    return wall, cpu, switches
+    wall, cpu = value.tolist()
+    return wall, cpu
 
 
 def run_shim(
@@ -187,30 +187,28 @@ def run_ddp(
 
 
 def summary(spans: list[Span], args: argparse.Namespace) -> dict[str, Any]:
-    per_gpu = [args.batch_size * args.steps / wall for wall, _, _ in spans]
+    per_gpu = [args.batch_size * args.steps / wall for wall, _ in spans]
     median = statistics.median(per_gpu)
     return {
         "img_per_s_per_gpu": [round(v, 1) for v in per_gpu],
         "median": round(median, 1),
         "spread_pct": round(100 * (max(per_gpu) - min(per_gpu)) / median, 1),
-        "step_ms": round(1000 * statistics.median(w for w, _, _ in spans) / args.steps, 3),
-        "cpu_ms_per_step": round(1000 * statistics.median(c for _, c, _ in spans) / args.steps, 3),
-        "waits_per_step": round(statistics.median(v for _, _, v in spans) / args.steps, 2),
+        "step_ms": round(1000 * statistics.median(w for w, _ in spans) / args.steps, 3),
+        "cpu_ms_per_step": round(1000 * statistics.median(c for _, c in spans) / args.steps, 3),
     }
 
 
 def report(results: dict[str, Any]) -> str:
     width = max(9, *(len(name) + 1 for name in results["sides"]))
     rows = [
-        f"{'':{width}}{'median img/s/GPU':>18}{'spread':>9}{'ms/step':>9}{'CPU ms':>8}"
-        f"{'waits':>7}  per repetition"
+        f"{'':{width}}{'median img/s/GPU':>18}{'spread':>9}{'ms/step':>9}{'CPU ms':>8}  per rep"
     ]
     for name in results["sides"]:
         r = results[name]
         reps = " ".join(f"{v:.0f}" for v in r["img_per_s_per_gpu"])
         rows.append(
             f"{name:{width}}{r['median']:>18.1f}{r['spread_pct']:>8.1f}%{r['step_ms']:>9.2f}"
-            f"{r['cpu_ms_per_step']:>8.2f}{r['waits_per_step']:>7.1f}  {reps}"
+            f"{r['cpu_ms_per_step']:>8.2f}  {reps}"
         )
     for key, (pct, pair) in results["comparisons"].items():
         verdict = ""
