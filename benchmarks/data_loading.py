@@ -7,26 +7,15 @@ preloads (`worker-start`).
     python benchmarks/data_loading.py worker-start [--reps 7] [--workers 4]
         [--line "from x.y import Z"] [--out PATH]
 
-`take`: an in-memory data set of GPT-2 batches (8 windows of 1,025 random int64 tokens).
-For each number of workers a persistent
-DataLoader is built, 20 batches warm it up, then `--batches` batches are timed: the calling
-thread's CPU time and the process's (all its threads; the workers are other processes), per
-batch. While no batch is ready the caller waits, which costs no CPU, so both are the take's own
-cost. Then the wall time of a take that finds its batch ready (with workers: 20 rounds of a
-0.1 s pause, then that many takes). `--hogs N`: N processes spin on the CPUs throughout, as
-other jobs on a shared node would. The settings' order rotates with each repetition.
-
-`worker-start`: workers fork from the fork server, then re-run the main script's imports to
-unpickle what it defines. A script starting with `--line` (default `from transformers import
-LlamaForCausalLM`) makes each worker import that module unless the server imported it first.
-Two sides, each a fresh interpreter running the same script (a data set defined in it,
-`--workers` workers through `phalanx.data.make_eval_loader`, every batch taken once):
-`modules`, the server preloads the modules the script's names come from (phalanx's default),
-against `packages`, only their top-level packages (the baseline: `forking.script_modules` cut
-to package names). Sides alternate in every repetition; measured per run: the process's wall
-time and the machine's busy CPU time over it (from /proc/stat: the fork server's children are
-not the parent's, so rusage misses them) - run it on an otherwise idle machine.
-Both print medians (min..max) and write JSON.
+`take`: GPT-2 batches (8 windows of 1,025 random int64 tokens) from an in-memory data set, per
+number of workers (0, made in the process, is the baseline): the calling thread's and the
+process's CPU time per batch over `--batches` timed takes (waiting costs no CPU), then the wall
+time of a take that finds its batch ready. `--hogs N`: N processes spin on the CPUs throughout.
+`worker-start`: a fresh interpreter runs a script starting with `--line` and takes every batch
+of `--workers` workers once; the fork server preloads the modules the script's names come from
+(`modules`, phalanx's default) against only their top-level packages (`packages`, the
+baseline); measured: wall time and the machine's busy CPU time (run it on an idle machine).
+Settings alternate in every repetition; both print medians (min..max) and write JSON.
 """
 
 from __future__ import annotations

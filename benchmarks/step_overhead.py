@@ -7,20 +7,12 @@ windows (the goal: at most 1% slower).
 
 The baseline, `hand_loop` below, is the plain PyTorch loop a user would write: GPT-2 small
 (benchmarks/models.py), DDP when there are several ranks, AdamW, optional bf16 autocast, clipping
-and torch.compile, random tokens made on the host. On lent GPU hosts a process's speed drifts by
-up to 25% over minutes, more than the 1% the goal asks about, so both sides live in one process,
-built and compiled once, and their windows alternate: the Trainer trains `--warmup + pairs *
-window + 1` steps, and after each of its windows a callback runs one window of the hand loop.
-A pair's two windows are seconds apart, so drift moves both. Each window is timed between device
-synchronisations; the Trainer logs once, after the last window (the hand loop reads its loss
-never). Charged to the Trainer: its step makes the inputs and targets contiguous on the device.
-
-`--control` runs an A/A control instead: two instances of the hand loop take the Trainer's and
-the hand loop's places in the same alternating windows. Its numbers are what the method reports
-when the two sides are the same code: the host's noise floor for the numbers above.
-
-Prints each side's median step time (min..max), the overhead of the medians, the median of the
-pairs' ratios and MFU (against 989 TFLOP/s at --size gpt2); writes JSON.
+and torch.compile, random tokens made on the host. Both sides are built once; the Trainer trains
+`--warmup + pairs * window + 1` steps and after each of its windows a callback runs one window
+of the hand loop, so a host's drift moves both; the Trainer's step also makes the inputs and
+targets contiguous on the device. `--control`: two hand loops in those places (the A/A control).
+Prints each side's median step time (min..max), the overhead of the medians, the
+median of the pairs' ratios and MFU (against 989 TFLOP/s at --size gpt2); writes JSON.
 """
 
 from __future__ import annotations
