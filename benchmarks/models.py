@@ -1,8 +1,6 @@
-"""The models and synthetic data every benchmark script shares: a GPT-2-shaped decoder (the
-step-overhead model), a Llama-shaped decoder (FSDP and checkpoints at size), the Horovod
-example's classifier, and random token windows. Each size has a `tiny` entry for CPU smoke
-tests. Both sides of a comparison build their model from here, so they train the same thing.
-The last section holds the record helpers the scripts share (spreads, machine, state size)."""
+"""The models, synthetic data and record helpers every benchmark script shares: both sides of a
+comparison build their model from here, so they train the same thing; each size has a `tiny`
+entry for CPU smoke tests."""
 
 from __future__ import annotations
 
@@ -40,8 +38,7 @@ PEAK_FLOPS = 989e12  # an H100/H200's dense bf16 peak: what MFU is quoted agains
 
 
 def gpt_mfu(step_ms: float, size: str) -> float:
-    """One GPU's MFU at `step_ms` a step: 6N + attention per token, N = 124e6 at gpt2 (none
-    counted at other sizes)."""
+    """One GPU's MFU at `step_ms` a step: 6N + attention per token, N = 124e6 at gpt2 (else 0)."""
     b, t, _, n_layers, _, d = GPT_SIZES[size]
     n_params = 124e6 if size == "gpt2" else 0.0
     return b * t * (6 * n_params + 12 * n_layers * t * d) / (step_ms * 1e-3) / PEAK_FLOPS
@@ -72,8 +69,7 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """A pre-norm transformer block: GPT-2's (LayerNorm, GELU MLP, biases) or, with
-    `llama=True`, Llama's (RMSNorm, SwiGLU MLP, no biases)."""
+    """A pre-norm block: GPT-2's (LayerNorm, GELU, biases) or Llama's (RMSNorm, SwiGLU, none)."""
 
     def __init__(self, width: int, heads: int, hidden: int, llama: bool) -> None:
         super().__init__()
@@ -97,8 +93,7 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Token + learned position embeddings, blocks, a final norm and head; `forward(idx,
-    targets)` returns the mean cross-entropy, as both sides of every comparison train it."""
+    """Embeddings, blocks, norm and head; `forward(idx, targets)` returns the mean cross-entropy."""
 
     def __init__(self, vocab: int, seq: int, layers: int, width: int, heads: int, hidden: int,
                  llama: bool) -> None:  # fmt: skip
@@ -131,15 +126,13 @@ def llama(size: str, seq: int) -> Decoder:
 
 
 def lm_step(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    """The Trainer's step on a window of seq + 1 tokens; contiguous, as the hand loops' batches,
-    so that both sides run the same compiled graph."""
+    """The Trainer's step on seq + 1 tokens, contiguous as the hand loops' (the same graph)."""
     loss: torch.Tensor = model(batch[:, :-1].contiguous(), batch[:, 1:].contiguous())
     return loss
 
 
 class Tokens(torch.utils.data.Dataset[torch.Tensor]):
-    """`count` random windows of seq + 1 tokens; `seeded`: the same window for the same index
-    (a resumed run sees the batches it would have seen)."""
+    """`count` random windows of seq + 1 tokens; `seeded`: the same window for the same index."""
 
     def __init__(self, vocab: int, seq: int, count: int, seeded: bool = False) -> None:
         self.vocab, self.seq, self.count, self.seeded = vocab, seq, count, seeded
@@ -153,8 +146,7 @@ class Tokens(torch.utils.data.Dataset[torch.Tensor]):
 
 
 def hand_batches(b: int, t: int, v: int, device: torch.device, seed: int) -> Iterator[Any]:
-    """The hand loops' data: random tokens made on the host, contiguous, copied without
-    blocking."""
+    """The hand loops' data: random tokens made on the host, contiguous, copied without blocking."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     while True:
         x = torch.randint(0, v, (b, t + 1), generator=g)
@@ -178,8 +170,7 @@ class SmallNet(nn.Module):
 
 
 def classifier(name: str | None) -> tuple[str, Callable[[], nn.Module], int]:
-    """(name, constructor, image size) of an image classifier, the Horovod example's default:
-    torchvision's resnet18 where torchvision is installed, SmallNet otherwise."""
+    """(name, constructor, image size); by default resnet18 with torchvision, else SmallNet."""
     try:  # optional, as in the example; imported by name so that type checks need no stubs
         models: Any = importlib.import_module("torchvision.models")
     except ImportError:
@@ -193,20 +184,11 @@ def classifier(name: str | None) -> tuple[str, Callable[[], nn.Module], int]:
     return name, getattr(models, name), 224
 
 
-# Shared record helpers: every script's JSON record is built from these.
-
-
 def spread(values: Iterable[float]) -> dict[str, float]:
     """Median, min, max, stdev and count: how every record states a repeated measurement."""
     v = list(values)
     stdev = statistics.stdev(v) if len(v) > 1 else 0.0
-    return {
-        "median": statistics.median(v),
-        "min": min(v),
-        "max": max(v),
-        "stdev": stdev,
-        "n": len(v),
-    }
+    return dict(median=statistics.median(v), min=min(v), max=max(v), stdev=stdev, n=len(v))
 
 
 def summarise(samples: list[dict[str, Any]], by: str, keys: Iterable[str]) -> dict[str, Any]:
