@@ -5,14 +5,12 @@ against the same model and batch trained by phalanx.Trainer with DDP (goal: with
         [--sides shim hand_ddp ddp] [--model resnet18|small] [--out PATH]
     torchrun --standalone --nproc_per_node=1 benchmarks/horovod_vs_ddp.py --smoke   # CPU
 
-The sides run in the same processes, interleaved (the order rotates each repetition): the shim
-(the example's loop with hvd.DistributedOptimizer); a hand loop on torch's DDP (the baseline:
-what DDP itself costs); the Trainer with per-rank BatchNorm statistics (Horovod's semantics, the
-goal's comparison). Each repetition builds the model from seed 0 and trains --warmup
-untimed then --steps timed steps of one fixed batch per rank (SGD, lr 0.01 x world size, as
+The sides run interleaved in the same processes: the shim (the example's loop with
+hvd.DistributedOptimizer); a hand loop on torch's DDP (the baseline: what DDP itself costs); the
+Trainer with per-rank BatchNorm statistics (Horovod's semantics, the goal's comparison). Each
+trains --steps timed steps of one fixed batch per rank (SGD, as
 examples/horovod/synthetic_benchmark.py); a repetition's time is the slowest rank's. Prints
-img/s per GPU (median, spread, paired by repetition) and per step the wall ms and the launching
-thread's CPU ms; writes JSON.
+img/s per GPU (median, spread, paired), wall and launching-thread CPU ms a step; writes JSON.
 """
 
 from __future__ import annotations
@@ -42,7 +40,6 @@ from phalanx.train.strategy import ddp_buffer_sync  # the keyword this torch has
 RESULTS = Path(__file__).parent / "results"
 ModelFactory = Callable[[], nn.Module]
 SIDES = ("shim", "hand_ddp", "ddp")
-"""hand_ddp: a hand loop on torch's DDP; ddp: the Trainer, buffers per rank, as Horovod."""
 
 
 class Batch:
@@ -68,8 +65,7 @@ def clock() -> Span:
 
 
 def slowest(start: Span, end: Span) -> Span:
-    """Each of the window's measures, the largest over ranks: a step is as slow as its
-    slowest rank."""
+    """Each of the window's measures, the largest over ranks."""
     value = torch.tensor([b - a for a, b in zip(start, end, strict=True)], dtype=torch.float64)
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=RUNTIME.cpu_group)  # gloo: a CPU tensor
     wall, cpu = value.tolist()
@@ -98,8 +94,7 @@ def run_shim(
 def run_hand_ddp(
     build: ModelFactory, batch: Batch, args: argparse.Namespace, device: torch.device
 ) -> Span:
-    """The same loop by hand on torch's DDP (buffers per rank, as the shim and the `ddp`
-    side): what DDP itself costs against the shim, apart from the Trainer's own work."""
+    """The same loop by hand on torch's DDP, buffers per rank: what DDP itself costs."""
     torch.manual_seed(0)
     ids = [device.index] if device.type == "cuda" else None
     model = DistributedDataParallel(
@@ -219,9 +214,7 @@ def report(results: dict[str, Any]) -> str:
 
 
 def comparisons(sides: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    """'a vs ddp' -> (ratio of medians - 1, ratio paired by repetition - 1), in percent, for the
-    sides that ran; 'shim vs ddp' is the goal's. Paired: a repetition's sides run back to back,
-    so drift through the run (which moves both medians, spread 13-44% on lent GPUs) cancels."""
+    """'a vs ddp' -> (ratio of medians - 1, ratio paired by repetition - 1), in percent."""
     out: dict[str, tuple[float, float]] = {}
     for name in ("shim", "hand_ddp"):
         if name in sides and "ddp" in sides:
