@@ -4,15 +4,13 @@ state, sync and async, then a fresh job resumes from it (the worker: checkpoint_
     python benchmarks/checkpoint_at_size.py [--nproc 2] [--shape 20gb|small|tiny] [--reps 5]
         [--modes sync,process,thread] [--dir FOLDER] [--dd-gib 4] [--out PATH] [-- overrides]
 
-In `--dir` (on the disk under test), in order: `dd` of `--dd-gib` GiB with oflag=direct and with
-conv=fsync (the write speed saves are held against); `--reps` saves per mode, interleaved, each
-timed as blocked (the saving step over the baseline step), slowdown (async: the extra time of
-the steps until the commit), write (slowest rank) and commit;
-reading the last checkpoint once (cold with O_DIRECT after dropping the page cache unless
-`--keep-caches`; warm with cat); a fresh job resuming from it, launch to the end of its first
-step and its checkpoint load. Prints a table (median, min..max, stdev) and the goals, writes JSON.
-Goals: async blocked + slowdown <= 10% of a sync save; commit <= 1 s beyond the write; resume
-<= 1.2x reading the bytes once; write throughput >= 70% of dd's.
+In `--dir` (on the disk under test): `dd` writes (the baselines of write speed); `--reps` saves
+per mode, interleaved, each timed as blocked, slowdown (async), write and commit (the baseline
+of an async save's cost: a sync one); one read of the last checkpoint (cold unless
+`--keep-caches`: the baseline of resume); a fresh job resuming from it, launch to the end of its
+first step. Prints a table (median, min..max, stdev) and the goals, writes JSON. Goals: async
+cost <= 10% of a sync save; commit <= 1 s beyond the write; resume <= 1.2x one read; write >= 70%
+of dd's.
 """
 
 from __future__ import annotations

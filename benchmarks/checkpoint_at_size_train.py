@@ -6,7 +6,7 @@ A hand-written FSDP loop (`wrap_model`, bf16) on models.py's Llama-shaped decode
 per mode (sync, async with writer process or thread; one Checkpointer each, on one
 `CheckpointStore` whose methods are wrapped with timers) `bench.reps` saves, each after
 `bench.baseline_steps` timed steps. phase=resume: a fresh job resumes (checkpoint.resume=auto)
-and trains one step; rank 0 reports the clock at each stage.
+and trains one step; rank 0 reports its checkpoint load and first step.
 """
 
 from __future__ import annotations

@@ -4,15 +4,12 @@ the same model (Llama-2-7B's shape at --size 7b) and step.
     python benchmarks/fsdp_llama.py [--nproc 2] [--size 7b] [--pair-size 3b]
         [--variants eager,ac,compile] [--reps 3] [--seq 2048] [--out PATH] [-- overrides]
 
-The baseline is this file's `hand` command: torch alone, built as torchtitan builds a model that
-does not fit one GPU (meta device, `fully_shard` per block then the root with bf16 parameters
-and fp32 reduction, `to_empty`, `reset_parameters`), or DDP; fused AdamW, clip 1.0, bf16
-autocast, random tokens; 3 warm-up and 10 timed steps. The Trainer's side is
-fsdp_llama_train.py. Each case is a fresh torchrun; every repetition runs all cases, one later
-each time: hand and phalanx fsdp at `--size` (eager, `ac`: full activation checkpointing;
-`compile`: phalanx per-block compile), and at `--pair-size` ddp and fsdp of both (the
-crossover). Per case: step ms, tokens/s per GPU, MFU, peak GPU memory, each rank's peak host
-RSS and the job's wall time; phalanx also launch to first step. Without CUDA: gloo, fp32.
+The baseline is this file's `hand` command (`hand_build`, `hand_main`: torch alone, the model
+built as torchtitan builds one that does not fit a GPU); the Trainer's side is
+fsdp_llama_train.py. Each case is a fresh torchrun, all cases in every repetition, rotating:
+hand and phalanx fsdp at `--size` per variant, and at `--pair-size` ddp and fsdp of both (the
+crossover). Per case: step ms, tokens/s per GPU, MFU, peak GPU and host memory, launch to first
+step, wall time. Without CUDA: gloo, fp32.
 """
 
 from __future__ import annotations
