@@ -34,14 +34,10 @@ import torch
 from models import Tokens, write_record
 from torch.utils.data import DataLoader
 
-DATA: dict[str, tuple[Any, int]] = {
-    "tokens": (lambda: Tokens(50257, 1024, 8 * 2000), 8),
-}
 
-
-def one(name: str, workers: int, batches: int) -> dict[str, float]:
-    make, batch_size = DATA[name]
-    loader = DataLoader(make(), batch_size=batch_size, shuffle=True, num_workers=workers,
+def one(workers: int, batches: int, batch_size: int = 8) -> dict[str, float]:
+    data = Tokens(50257, 1024, 2000 * batch_size)  # GPT-2's windows
+    loader = DataLoader(data, batch_size=batch_size, shuffle=True, num_workers=workers,
                         persistent_workers=workers > 0)  # fmt: skip
     it = iter(loader)
     for _ in range(20):
@@ -86,12 +82,11 @@ def take(args: argparse.Namespace) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
-    settings = [(name, w) for name in DATA for w in args.workers]
-    runs: dict[str, list[dict[str, float]]] = {f"{n} {w}": [] for n, w in settings}
+    runs: dict[str, list[dict[str, float]]] = {f"tokens {w}": [] for w in args.workers}
     for rep in range(args.reps):
-        k = rep % len(settings)
-        for name, workers in settings[k:] + settings[:k]:
-            runs[f"{name} {workers}"].append(one(name, workers, args.batches))
+        k = rep % len(args.workers)
+        for workers in args.workers[k:] + args.workers[:k]:
+            runs[f"tokens {workers}"].append(one(workers, args.batches))
     return runs
 
 
