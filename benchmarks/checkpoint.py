@@ -4,13 +4,10 @@ slower the steps run while the background write goes on.
     python benchmarks/checkpoint.py [--size-mb 300] [--reps 5] [--device cpu|cuda] [--batch 32]
         [--writers thread process] [--dir FOLDER] [--out PATH]
 
-One process trains an MLP whose parameters plus AdamW moments make about `--size-mb` of state.
-Every repetition, each side going first in turn: the baseline step; a synchronous
-`save_sharded(...).wait()` (all of it blocks); per async writer (`AsyncSaver(writer=...)`) the
-time `save` blocks (the copy to CPU) plus the slowdown of the steps that run during the write.
-cost = blocked + slowdown; ratio = cost / sync. First saves (allocation, writer start) are
-reported apart. Goal: on a GPU with >= 1 GB of state, ratio <= 10%. On CPU the writer competes
-with training for the same cores, so the ratio says little there.
+One process trains an MLP with about `--size-mb` of state. Per repetition, interleaved: a
+synchronous `save_sharded(...).wait()` (the baseline), and per async writer the time `save`
+blocks plus the slowdown of the steps during the write; ratio = that cost / the sync save's.
+Goal: on a GPU with >= 1 GB of state, ratio <= 10% (on CPU the writer competes for the cores).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Worker of benchmarks/checkpoint_at_size.py (under torchrun; that file describes the numbers).
 
-A hand-written FSDP loop (`wrap_model`, bf16) on models.py's Llama-shaped decoder saves through
-`phalanx.Checkpointer`: the Trainer's protocol (save; the ranks agree through the per-step
-`ControlPlane` all-reduce that no rank is still writing; `finish_pending` commits). phase=train:
-per mode (sync, async with writer process or thread; one Checkpointer each, on one
-`CheckpointStore` whose methods are wrapped with timers) `bench.reps` saves, each after
-`bench.baseline_steps` timed steps. phase=resume: a fresh job resumes (checkpoint.resume=auto)
-and trains one step; rank 0 reports its checkpoint load and first step.
+A hand-written FSDP loop on models.py's Llama-shaped decoder saves through `phalanx.Checkpointer`
+with the Trainer's protocol (the ranks agree through `ControlPlane` that no rank is still
+writing; `finish_pending` commits). phase=train: `bench.reps` saves per mode, each after
+`bench.baseline_steps` timed steps. phase=resume: a fresh job resumes and trains one step.
 """
 
 from __future__ import annotations

@@ -4,11 +4,10 @@ times, under CPU load, and count the runs that hang.
     python benchmarks/fork_stress.py [--runs 30] [--timeout 90] [--load 1]
         [--start fork forkserver] [--out PATH] [-- k=v ...]
 
-Each run is `phalanx run -n 2` of this script with FORK_STRESS_WORKER=1: a tiny Trainer (8
-epochs, 2 loader workers per rank, an evaluation per epoch) whose rank 0 prints `forks=N`. The
-start methods alternate. A run that outlives `--timeout` is a hang: gdb prints the native stack
-of each of its processes into `<out>.stacks/` (`PyOS_AfterFork_Child` on a stack: a child that
-never returned from fork()). `--load K` keeps K busy processes running beside the runs.
+Each run is `phalanx run -n 2` of this script with FORK_STRESS_WORKER=1: a tiny Trainer whose
+loaders fork workers each epoch; the start methods alternate (`fork`, the baseline, against the
+fork server). A run that outlives `--timeout` is a hang: gdb writes its processes' native stacks
+into `<out>.stacks/`. `--load K` keeps K busy processes running beside the runs.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Worker of benchmarks/fsdp_llama.py (under torchrun): phalanx.Trainer on models.py's
-Llama-shaped decoder, given as a meta-device factory, with the hand loop's step (`fsdp_llama.py
-hand`: batch 1 per GPU, seq 2048, random tokens, bf16 FSDP2 parameters with fp32 reduction under
-autocast, fused AdamW lr 3e-4, clip 1.0; 3 warm-up steps, then 10 timed between two CUDA
-synchronisations; the Trainer logs only after the last). Rank 0 prints one JSON line with the
-hand loop's keys, plus each rank's peak RSS and local parameter shard, seconds from launch
-(`bench.t0`) and from main() to the end of the first step, and the Trainer's construction time.
+Llama-shaped decoder, given as a meta-device factory, with the hand loop's step and settings
+(`fsdp_llama.py hand`). Rank 0 prints one JSON line with the hand loop's keys, plus each rank's
+peak RSS and parameter shard, launch to the end of the first step and the Trainer's build time.
 """
 
 from __future__ import annotations
@@ -101,7 +98,6 @@ def train(d: phalanx.Dist, cfg: Config, record: dict[str, Any]) -> None:
         mfu_vs_989T=round(tok_gpu * 6 * llama_params(bench.size, bench.seq) / PEAK_FLOPS, 3),
         loss=round(float(history[-1]["loss"]), 3),
         launch_to_first_step_s=marks.at[1] - (bench.t0 or STARTED),
-        process_to_first_step_s=marks.at[1] - STARTED,
     )  # fmt: skip
 
 
@@ -118,7 +114,7 @@ def main() -> None:
     }  # fmt: skip
     with phalanx.distributed(cfg) as d:
         out["world"] = d.env.world_size
-        record: dict[str, Any] = {"rss_after_init_GiB": models.status_kb("VmRSS") / 2**20}
+        record: dict[str, Any] = {}
         try:
             train(d, cfg, record)
         except torch.OutOfMemoryError:
@@ -128,7 +124,7 @@ def main() -> None:
         record["peak_rss_GiB"] = models.status_kb("VmHWM") / 2**20
         ranks = all_gather_object(record)
     if d.env.rank == 0:
-        out.update({k: v for k, v in ranks[0].items() if k not in ("rss_after_init_GiB",)})
+        out.update(ranks[0])
         out["ranks"] = ranks
         print(json.dumps(out), flush=True)
 
