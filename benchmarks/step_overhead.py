@@ -100,10 +100,8 @@ class Alternate(phalanx.Callback):
 
 
 def control(args: argparse.Namespace) -> None:
-    """The A/A control (--control): the hand loop against a second instance of itself, in the
-    windows' order of run() (the second instance first in each pair, the first after it). No
-    loader workers or pinning thread run beside it, as with the Trainer's data.num_workers=0.
-    The record keeps run()'s keys: "trainer_ms" holds the second instance's windows."""
+    """The A/A control: the hand loop against a second instance of itself in run()'s window
+    order; the record keeps run()'s keys ("trainer_ms": the second instance's windows)."""
     cfg = trainer_config(args)
     with phalanx.distributed(cfg.dist) as d:
         first, second = hand_loop(args, d), hand_loop(args, d)
@@ -176,9 +174,7 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=0.0, help="clip norm for both sides")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides")
     parser.add_argument("--compile", action="store_true", help="torch.compile both sides")
-    parser.add_argument(
-        "--control", action="store_true", help="A/A: the hand loop against itself, no Trainer"
-    )
+    parser.add_argument("--control", action="store_true", help="A/A: the hand loop twice")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("overrides", nargs="*", help="train.x=y for the Trainer only")
     args = parser.parse_args()
