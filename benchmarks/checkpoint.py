@@ -40,9 +40,7 @@ def build(size_mb: float, width: int, device: str) -> tuple[nn.Module, torch.opt
     """An MLP of `width`-wide layers; parameters + 2 AdamW moments ~ size_mb (fp32)."""
     per_layer = (width * width + width) * 4 * 3
     layers = max(1, math.ceil(size_mb * MIB / per_layer))
-    blocks: list[nn.Module] = []
-    for _ in range(layers):
-        blocks += [nn.Linear(width, width), nn.Tanh()]
+    blocks = [m for _ in range(layers) for m in (nn.Linear(width, width), nn.Tanh())]
     model = nn.Sequential(*blocks).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     return model, optimizer
@@ -80,12 +78,9 @@ def async_save(
     saver.wait()
     blocked += time.perf_counter() - start
     slowdown = sum(t - baseline for t in during)
-    return {
-        f"{name}_blocked_s": blocked,
-        f"{name}_slowdown_s": slowdown,
-        f"{name}_cost_s": blocked + slowdown,
-        f"{name}_steps_during_write": float(len(during)),
-    }
+    out = {"blocked_s": blocked, "slowdown_s": slowdown, "cost_s": blocked + slowdown}
+    out["steps_during_write"] = float(len(during))
+    return {f"{name}_{key}": value for key, value in out.items()}
 
 
 def one_rep(

@@ -9,8 +9,7 @@ per mode, interleaved, each timed as blocked, slowdown (async), write and commit
 of an async save's cost: a sync one); one read of the last checkpoint (cold unless
 `--keep-caches`: the baseline of resume); a fresh job resuming from it, launch to the end of its
 first step. Prints a table (median, min..max, stdev) and the goals, writes JSON. Goals: async
-cost <= 10% of a sync save; commit <= 1 s beyond the write; resume <= 1.2x one read; write >= 70%
-of dd's.
+cost <= 10% of a sync save; commit <= 1 s past the write; resume <= 1.2x a read; write >= 70% dd.
 """
 
 from __future__ import annotations

@@ -271,22 +271,22 @@ def train(parts: Parts, run_dir: Path) -> None:
         Path(parts.cfg.bench.out).write_text(json.dumps(result, indent=1))
 
 
-def resume(parts: Parts, run_dir: Path, marks: dict[str, float]) -> None:
+def resume(parts: Parts, run_dir: Path) -> dict[str, float]:
     """A fresh job: Checkpointer.resume() (checkpoint.resume=auto) timed, then one step."""
     store = CheckpointStore(run_dir / "checkpoints", keep_last=100)
     checkpointer = parts.checkpointer(store, resume="auto", sharded=True, async_save=False)
     start = time.perf_counter()
     state = checkpointer.resume()
-    marks["load_s"] = time.perf_counter() - start
+    load_s = time.perf_counter() - start
     assert state is not None, f"no checkpoint to resume from in {store.root}"
     batch = next(iter(parts.loader(state)))
     ControlPlane().agree(has_data=True, stop=False, writing=checkpointer.writing)
     parts.step(batch)
     if parts.d.device.type == "cuda":
         torch.cuda.synchronize()
-    marks["first_step_end"] = time.time()
-    marks["resumed_step"] = state.step
+    marks = {"first_step_end": time.time(), "load_s": load_s, "resumed_step": state.step}
     checkpointer.close()
+    return marks
 
 
 # The loop's settings; the command line's come after them and win.
@@ -303,13 +303,12 @@ def main() -> None:
     cfg = phalanx.parse_config(BenchConfig, [*DEFAULTS, *sys.argv[1:]])
     bench = cfg.bench
     with phalanx.distributed(cfg) as d:
-        marks: dict[str, float] = {}
         assert d.run_dir is not None, "the benchmark needs a run directory"
         parts = build(d, cfg)
         if bench.phase == "train":
             train(parts, d.run_dir.path)
             return
-        resume(parts, d.run_dir.path, marks)
+        marks = resume(parts, d.run_dir.path)
         if d.env.rank == 0 and bench.out:
             Path(bench.out).write_text(json.dumps(marks, indent=1))
 
