@@ -34,6 +34,7 @@ from torch import nn
 HERE = Path(__file__).resolve().parent
 PHALANX = Path(sys.executable).parent / "phalanx"
 WORKER_ENV = "FORK_STRESS_WORKER"
+Pair = tuple[torch.Tensor, torch.Tensor]
 
 
 def descendants(root: int) -> list[int]:
@@ -116,7 +117,7 @@ def summarize(results: list[dict[str, Any]], starts: list[str]) -> list[dict[str
     return rows
 
 
-class Points(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+class Points(torch.utils.data.Dataset[Pair]):
     """Synthetic regression samples, made in __getitem__ so the workers do real work."""
 
     def __init__(self, n: int, seed: int) -> None:
@@ -125,20 +126,18 @@ class Points(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, index: int) -> Pair:
         gen = torch.Generator().manual_seed(self.seed * 100_003 + index)
         x = torch.randn(8, generator=gen)
         return x, x.sum(0, keepdim=True)
 
 
-def step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def step(model: nn.Module, batch: Pair) -> torch.Tensor:
     x, y = batch
     return nn.functional.mse_loss(model(x), y)
 
 
-def eval_step(
-    model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
-) -> dict[str, torch.Tensor]:
+def eval_step(model: nn.Module, batch: Pair) -> dict[str, torch.Tensor]:
     x, y = batch
     return {"sq_err": ((model(x) - y) ** 2).squeeze(1)}
 

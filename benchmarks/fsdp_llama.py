@@ -29,6 +29,8 @@ import models
 import torch
 import torch.distributed as dist
 from models import LLAMA_SIZES, PEAK_FLOPS, llama, llama_params
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "fsdp_llama_train.py"
@@ -79,15 +81,11 @@ def hand_build(mode: str, size: str, seq: int, ac: bool, dev: torch.device) -> t
     with torch.device("meta"):
         model = llama(size, seq)
     if ac:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-            checkpoint_wrapper,
-        )
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
         for i, block in enumerate(model.blocks):
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
     if mode == "fsdp":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
         low = torch.bfloat16 if dev.type == "cuda" else torch.float32
         mp = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
         for block in model.blocks:
@@ -100,8 +98,6 @@ def hand_build(mode: str, size: str, seq: int, ac: bool, dev: torch.device) -> t
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
     if mode == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
         ids = [dev.index] if dev.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
     return model

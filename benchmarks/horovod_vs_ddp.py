@@ -206,9 +206,8 @@ def report(results: dict[str, Any]) -> str:
             f"{r['cpu_ms_per_step']:>8.2f}  {reps}"
         )
     for key, (pct, pair) in results["comparisons"].items():
-        verdict = ""
-        if key == "shim vs ddp":
-            verdict = " (within 5%)" if abs(pct) <= 5 else " (NOT within 5%)"
+        goal = key == "shim vs ddp"
+        verdict = (" (within 5%)" if abs(pct) <= 5 else " (NOT within 5%)") if goal else ""
         rows.append(f"{key}: {pct:+.1f}%{verdict}; paired by repetition {pair:+.1f}%")
     return "\n".join(rows)
 

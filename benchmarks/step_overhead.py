@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from models import GPT_SIZES, Tokens, gpt, gpt_mfu, hand_batches, lm_step, synced, write_record
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import phalanx
 from phalanx.config import load
@@ -54,8 +55,6 @@ def hand_loop(args: argparse.Namespace, d: phalanx.Dist) -> Callable[[int], None
     torch.manual_seed(0)
     model: nn.Module = gpt(args.size).to(device)
     if d.env.world_size > 1:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     if args.compile:
         model = torch.compile(model)  # type: ignore[assignment]
