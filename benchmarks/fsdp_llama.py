@@ -103,31 +103,33 @@ def hand_build(mode: str, size: str, seq: int, ac: bool, dev: torch.device) -> t
     return model
 
 
-def hand_main(argv: list[str]) -> None:
-    """The hand-written baseline, one rank of it (under torchrun): prints one JSON line."""
+def hand_parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="fsdp_llama.py hand")
     parser.add_argument("mode", choices=("fsdp", "ddp"))
     parser.add_argument("size", choices=sorted(LLAMA_SIZES))
     parser.add_argument("--ac", action="store_true")
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=1)
-    args, (warmup, steps) = parser.parse_args(argv), (3, 10)
+    return parser.parse_args(argv)
+
+
+def hand_main(argv: list[str]) -> None:
+    """The hand-written baseline, one rank of it (under torchrun): prints one JSON line."""
+    args, (warmup, steps) = hand_parse(argv), (3, 10)
     cuda = torch.cuda.is_available()
     torch.backends.cuda.matmul.allow_tf32 = True
     dist.init_process_group("nccl" if cuda else "gloo")
-    rank, local = dist.get_rank(), int(os.environ["LOCAL_RANK"])
-    dev = torch.device("cuda", local) if cuda else torch.device("cpu")
+    dev = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(dev)
-    n_params = llama_params(args.size, args.seq)
-    vocab = LLAMA_SIZES[args.size][4]
+    n_params, vocab = llama_params(args.size, args.seq), LLAMA_SIZES[args.size][4]
     out: dict[str, Any] = {"impl": "hand", "mode": args.mode, "size": args.size,
                            "params_B": round(n_params / 1e9, 3), "world": dist.get_world_size(),
                            "ac": args.ac, "seq": args.seq, "batch": args.batch}  # fmt: skip
     try:
         model = hand_build(args.mode, args.size, args.seq, args.ac, dev)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=cuda)
-        g = torch.Generator().manual_seed(rank)
+        g = torch.Generator().manual_seed(dist.get_rank())
 
         def step() -> torch.Tensor:
             x = torch.randint(0, vocab, (args.batch, args.seq + 1), generator=g)
@@ -154,7 +156,7 @@ def hand_main(argv: list[str]) -> None:
         out["error"] = "OOM"
     if cuda:
         out["peak_mem_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    if rank == 0:
+    if dist.get_rank() == 0:
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()
 

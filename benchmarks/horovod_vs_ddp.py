@@ -55,8 +55,7 @@ class Batch:
 
 
 Span = tuple[float, float]
-"""(wall seconds, the launching thread's CPU seconds) of a window: CPU time near the wall time
-means the launching thread was busy; far below it, it waited."""
+"""(wall s, launching thread's CPU s) of a window: CPU near the wall time, the thread was busy."""
 
 
 def clock() -> Span:

@@ -3,10 +3,9 @@
     python benchmarks/pretrained_load.py write /tmp/w.safetensors --layers 16 --width 2048
     phalanx run -n 4 benchmarks/pretrained_load.py load /tmp/w.safetensors --layers 16 --width 2048
 
-`load` builds a factory model of `layers` bias-free width x width linears on the meta device,
-shards it, and loads the file (a warm-up pass first, then each method); rank 0 prints one JSON
-line: seconds per method, and each rank's peak RSS growth (VmHWM, reset before the load, minus
-VmRSS before it), which counts file pages safetensors maps as well as anonymous memory.
+`load` builds `layers` bias-free width x width linears on the meta device, shards them and loads
+the file (a warm-up pass, then each method); rank 0 prints one JSON line: seconds per method and
+each rank's peak RSS growth (VmHWM after the load minus VmRSS before it; mapped pages count).
 """
 
 from __future__ import annotations
