@@ -27,7 +27,7 @@ from phalanx.checkpoint import CheckpointStore
 from phalanx.data.loader import make_train_loader
 from phalanx.dist.collectives import all_gather_object
 from phalanx.dist.control import ControlPlane
-from phalanx.train import unwrap, wrap_model
+from phalanx.train import WrapOptions, build_layout, unwrap, wrap_model
 from phalanx.train.precision import Precision as Amp
 
 
@@ -93,10 +93,8 @@ def build(d: phalanx.Dist, cfg: BenchConfig) -> Parts:
     with torch.device(d.device):
         model = llama(cfg.bench.shape, cfg.bench.seq)
     train, cuda = cfg.train, d.device.type == "cuda"
-    model = wrap_model(
-        model, d, strategy=train.strategy, compile=train.compile, fsdp_units=train.fsdp_units,
-        fsdp_reshard=train.fsdp_reshard_after_forward, precision=train.precision,
-    )  # fmt: skip
+    model = wrap_model(model, build_layout(d, strategy=train.strategy),
+                       options=WrapOptions.of(train))  # fmt: skip
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda)
     return Parts(d, model, optimizer, Amp(train.precision, d.device), cfg)
 

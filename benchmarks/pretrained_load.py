@@ -40,14 +40,14 @@ def write(path: Path, layers: int, width: int, fmt: str) -> None:
 
 
 def measure(d: Any, path: Path, layers: int, width: int, read: str) -> dict[str, Any]:
-    from phalanx.train import wrap_model
+    from phalanx.train import ModelInit, build_layout, wrap_model
 
     dist.barrier()
     before = status_kb("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS from here on
     started = time.perf_counter()
-    model = wrap_model(lambda: Wide(layers, width), d, strategy="fsdp", pretrained=path,
-                       pretrained_read=read)  # fmt: skip
+    model = wrap_model(lambda: Wide(layers, width), build_layout(d, strategy="fsdp"),
+                       init=ModelInit(pretrained=path, read=read))  # fmt: skip
     dist.barrier()
     seconds = time.perf_counter() - started
     peak_mb = (status_kb("VmHWM") - before) / 1024

@@ -27,6 +27,7 @@ _AT_ONCE = {
         "TrainConfig",
         "TrainerConfig",
     ),
+    "phalanx.config.parallel": ("ParallelConfig",),
     "phalanx.env": ("ClusterEnv", "detect"),
     "phalanx.errors": ("UsageError",),
     "phalanx.lifecycle.preemption": ("PreemptionWatcher", "RunInterrupted"),
@@ -65,6 +66,10 @@ _ON_FIRST_USE = {
         "StepParts",
         "Trainer",
         "evaluate",
+        "ModelInit",
+        "ParallelLayout",
+        "WrapOptions",
+        "build_layout",
         "masked_step",
         "model_state_dict",
         "optimizer_step",
@@ -87,6 +92,7 @@ if TYPE_CHECKING:
     from phalanx.config import Config as Config
     from phalanx.config import DistConfig as DistConfig
     from phalanx.config import RunConfig as RunConfig
+    from phalanx.config.parallel import ParallelConfig as ParallelConfig
     from phalanx.config.training import CheckpointConfig as CheckpointConfig
     from phalanx.config.training import DataConfig as DataConfig
     from phalanx.config.training import TrackConfig as TrackConfig
@@ -119,11 +125,15 @@ if TYPE_CHECKING:
     from phalanx.session import init as init
     from phalanx.train import Callback as Callback
     from phalanx.train import Metrics as Metrics
+    from phalanx.train import ModelInit as ModelInit
     from phalanx.train import NanGuard as NanGuard
     from phalanx.train import NonFiniteError as NonFiniteError
+    from phalanx.train import ParallelLayout as ParallelLayout
     from phalanx.train import Precision as Precision
     from phalanx.train import StepParts as StepParts
     from phalanx.train import Trainer as Trainer
+    from phalanx.train import WrapOptions as WrapOptions
+    from phalanx.train import build_layout as build_layout
     from phalanx.train import evaluate as evaluate
     from phalanx.train import masked_step as masked_step
     from phalanx.train import model_state_dict as model_state_dict

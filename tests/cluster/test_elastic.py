@@ -87,7 +87,7 @@ def _agent_on(node: Node) -> bool:
     """Whether `phalanx run` on `node` has become torchrun (its agent)."""
     for pid in pids_in_netns(node.netns_path):
         with contextlib.suppress(FileNotFoundError):
-            if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"phalanx.launch.torchrun_entry" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return True
     return False
 

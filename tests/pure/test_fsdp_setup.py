@@ -13,8 +13,8 @@ from phalanx.config import load
 from phalanx.config.training import TrainConfig, TrainerConfig
 from phalanx.errors import UsageError
 from phalanx.train.evaluate import _schedule
-from phalanx.train.fsdp import shard_units
 from phalanx.train.optim import build_optimizer
+from phalanx.train.units import pick_units
 
 
 class Block(nn.Module):
@@ -33,7 +33,7 @@ class Net(nn.Module):
 
 def test_default_units_are_the_children_of_module_lists() -> None:
     net = Net()
-    assert shard_units(net, ()) == list(net.layers)
+    assert pick_units(net, ()) == list(net.layers)
 
 
 class Experts(nn.Module):
@@ -45,19 +45,19 @@ class Experts(nn.Module):
 def test_default_units_skip_module_lists_nested_in_a_unit() -> None:
     blocks = nn.ModuleList(Experts() for _ in range(2))
     net = nn.Sequential(blocks)
-    assert shard_units(net, ()) == list(blocks)  # not also each block's experts
+    assert pick_units(net, ()) == list(blocks)  # not also each block's experts
 
 
 def test_named_units_are_the_outermost_modules_of_those_classes() -> None:
     net = Net()
-    units = shard_units(net, ("Block", "Sequential"))
+    units = pick_units(net, ("Block", "Sequential"))
     assert units == list(net.layers)  # each Block's inner Sequential is inside a unit already
-    assert shard_units(net, ("Sequential",)) == [block.mlp for block in net.layers]
+    assert pick_units(net, ("Sequential",)) == [block.mlp for block in net.layers]
 
 
 def test_unknown_unit_class_names_the_classes_the_model_has() -> None:
     with pytest.raises(UsageError, match=r"names \['Blok'\], which the model does not contain"):
-        shard_units(Net(), ("Blok",))
+        pick_units(Net(), ("Blok",))
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import phalanx
 from phalanx.train import Trainer, evaluate, optimizer_step, unwrap, wrap_model
 from phalanx.checkpoint import Checkpointer
 from phalanx.checkpoint.resume import load_checkpoint
+from phalanx.train.tp_plan import resolve_plan
 print(sorted(name for name in {SHARDING!r} if name in sys.modules))
 """
 

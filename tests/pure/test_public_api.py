@@ -15,13 +15,14 @@ import phalanx
 EXPECTED = {
     # Configs: the sections of a run, subclassed or composed by the user.
     "Config", "TrainerConfig", "DistConfig", "RunConfig", "TrainConfig", "DataConfig",
-    "CheckpointConfig", "TrackConfig",
+    "CheckpointConfig", "TrackConfig", "ParallelConfig",
     # Start-up and the process group.
     "init", "distributed", "Dist", "ClusterEnv", "detect", "RunDir", "parse_config", "shutdown",
     # The Trainer.
     "Trainer", "Callback", "TrainState",
     # Building blocks of a hand-written loop.
-    "wrap_model", "unwrap", "model_state_dict", "Precision", "NanGuard", "Metrics", "StepParts",
+    "wrap_model", "build_layout", "ParallelLayout", "ModelInit", "WrapOptions",
+    "unwrap", "model_state_dict", "Precision", "NanGuard", "Metrics", "StepParts",
     "optimizer_step", "masked_step", "evaluate", "Checkpointer", "CheckpointStore",
     "ControlPlane", "PreemptionWatcher", "HangWatch", "make_train_loader", "make_eval_loader",
     "GlobalOrderSampler", "EvalSampler", "ShardedIterable", "seed_everything",

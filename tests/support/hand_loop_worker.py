@@ -72,7 +72,7 @@ class Augmented(Dataset[tuple[torch.Tensor, torch.Tensor, int]]):
 
 def build(d: phalanx.Dist, cfg: HandConfig, run_dir: Path) -> tuple[nn.Module, Any, Any]:
     """The DDP model, its optimizer, and a Checkpointer of all that holds state."""
-    model = wrap_model(dropout_mlp(0.1), d, strategy="auto")
+    model = wrap_model(dropout_mlp(0.1), d)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.7)
     checkpointer = phalanx.Checkpointer(

@@ -17,7 +17,7 @@ from trainer_common import linear_data, mse_step, normal_init, summary
 
 import phalanx
 from phalanx.config import load
-from phalanx.train import unwrap, wrap_model
+from phalanx.train import ModelInit, build_layout, unwrap, wrap_model
 from phalanx.train.compiling import is_compiled
 
 
@@ -72,7 +72,11 @@ def scenario_parity(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
         "hsdp_compile": train(d, eager(), *hsdp, "train.compile=true"),
         "hsdp_bf16": train(d, eager(), *hsdp, "train.precision=bf16"),
         "custom": local_shards(
-            wrap_model(TanhBlocks, d, strategy="hsdp", hsdp_shard_size=2, init_weights=normal_init)
+            wrap_model(
+                TanhBlocks,
+                build_layout(d, strategy="hsdp", hsdp_shard_size=2),
+                init=ModelInit(init_weights=normal_init),
+            )
         ),
     }
 
@@ -81,10 +85,10 @@ def scenario_nodes(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     """HSDP with the default shard groups (one node's ranks) against DDP, and which host every
     rank of each shard group runs on."""
     hsdp = train(d, seeded_tanh_blocks(), "train.strategy=hsdp")
-    model = wrap_model(TanhBlocks, d, strategy="hsdp")
+    model = wrap_model(TanhBlocks, build_layout(d, strategy="hsdp"))
     mesh = next(unwrap(model).parameters()).device_mesh  # type: ignore[attr-defined]
     placed: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(placed, (socket.gethostname(), mesh["shard"].mesh.tolist()))
+    dist.all_gather_object(placed, (socket.gethostname(), mesh["dp_shard"].mesh.tolist()))
     ddp = train(d, seeded_tanh_blocks(), "train.strategy=ddp")
     return {"ddp": ddp, "hsdp": hsdp, "placed": placed}
 

@@ -13,7 +13,7 @@ from toy_models import ProbedNet
 from trainer_common import gathered, linear_data, mse_step, normal_init, short_config, summary
 
 import phalanx
-from phalanx.train import wrap_model
+from phalanx.train import ModelInit, build_layout, wrap_model
 
 
 def train(d: phalanx.Dist, model: Any, *overrides: str) -> dict[str, Any]:
@@ -29,16 +29,22 @@ def train(d: phalanx.Dist, model: Any, *overrides: str) -> dict[str, Any]:
 def scenario_meta(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     torch.manual_seed(0)
     eager = ProbedNet()
-    fsdp = wrap_model(ProbedNet, d, strategy="fsdp")
+    fsdp = wrap_model(ProbedNet, build_layout(d, strategy="fsdp"))
     ddp = "ddp" if d.env.world_size > 1 else "single"
     result: dict[str, Any] = {
         "eager": gathered(eager),
         "fsdp_init": gathered(fsdp),
         "seen": unwrap_seen(fsdp),
         "total": sum(p.numel() for p in eager.parameters()),
-        "ddp_init": gathered(wrap_model(ProbedNet, d, strategy=ddp)),
+        "ddp_init": gathered(wrap_model(ProbedNet, build_layout(d, strategy=ddp))),
         "custom": [
-            gathered(wrap_model(ProbedNet, d, strategy="fsdp", init_weights=normal_init))
+            gathered(
+                wrap_model(
+                    ProbedNet,
+                    build_layout(d, strategy="fsdp"),
+                    init=ModelInit(init_weights=normal_init),
+                )
+            )
             for _ in "ab"
         ],
         "factory": train(d, ProbedNet, "train.strategy=fsdp"),

@@ -22,7 +22,7 @@ from trainer_common import mse_step, short_config
 import phalanx
 from phalanx.checkpoint.export import export_weights
 from phalanx.checkpoint.sharded import save_sharded
-from phalanx.train import model_state_dict, unwrap, wrap_model
+from phalanx.train import ModelInit, build_layout, model_state_dict, unwrap, wrap_model
 
 
 def reference() -> dict[str, torch.Tensor]:
@@ -68,19 +68,18 @@ def scenario_roundtrip(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
         write_sources(out, state)
     dist.barrier()
     paths = {"file": out / "ref.safetensors", "hf_dir": out / "hf", "torch": out / "ref.pt"}
-    loads = {}
+    loads, fsdp = {}, build_layout(d, strategy="fsdp")
     for kind, path in paths.items():
         for read in ("slices", "broadcast"):
-            model = wrap_model(
-                BufferedNet, d, strategy="fsdp", pretrained=path, pretrained_read=read
-            )
+            init = ModelInit(pretrained=path, read=read)  # type: ignore[arg-type]
+            model = wrap_model(BufferedNet, fsdp, init=init)
             loads[f"fsdp/{kind}/{read}"] = equal(model, state)
     loads["ddp/file"] = equal(
-        wrap_model(BufferedNet, d, strategy="ddp", pretrained=paths["file"]), state
+        wrap_model(BufferedNet, d, init=ModelInit(pretrained=paths["file"])), state
     )
     instance = BufferedNet()  # its own init: the file must replace all of it
     loads["instance/torch"] = equal(
-        wrap_model(instance, d, strategy="fsdp", pretrained=paths["torch"]), state
+        wrap_model(instance, fsdp, init=ModelInit(pretrained=paths["torch"])), state
     )
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(64, DIM, generator=gen)
@@ -99,7 +98,7 @@ def scenario_roundtrip(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
     dist.barrier()
     trained = trained if d.env.rank == 0 else {}
     for name in ("single", "sharded"):
-        model = wrap_model(BufferedNet, d, strategy="fsdp", pretrained=out / name)
+        model = wrap_model(BufferedNet, fsdp, init=ModelInit(pretrained=out / name))
         loads[f"export/{name}"] = equal(model, trained)
     files = sorted(p.name for p in (out / "sharded").iterdir())
     return {"loads": loads, "first_loss": first_loss, "sharded_files": files}
@@ -121,7 +120,8 @@ def scenario_hf(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
         original.save_pretrained(out / "pretrained", max_shard_size="40KB")
     dist.barrier()
     factory = lambda: LlamaForCausalLM(cfg)  # noqa: E731
-    loaded = equal(wrap_model(factory, d, strategy="fsdp", pretrained=out / "pretrained"),
+    fsdp = build_layout(d, strategy="fsdp")
+    loaded = equal(wrap_model(factory, fsdp, init=ModelInit(pretrained=out / "pretrained")),
                    original.state_dict())  # fmt: skip
     tokens = torch.randint(0, 96, (32, 16), generator=torch.Generator().manual_seed(2))
     trainer = phalanx.Trainer(
@@ -164,9 +164,9 @@ def scenario_memory(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
         before = rss_kb("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS from here on
         started = time.perf_counter()
-        model = wrap_model(lambda: WideLinears(layers, width), d, strategy="fsdp",
-                           pretrained=args["file"],
-                           pretrained_read="slices" if read == "warm-up" else read)  # fmt: skip
+        how = ModelInit(pretrained=args["file"], read="slices" if read == "warm-up" else read)  # type: ignore[arg-type]
+        model = wrap_model(lambda: WideLinears(layers, width), build_layout(d, strategy="fsdp"),
+                           init=how)  # fmt: skip
         dist.barrier()
         seconds = time.perf_counter() - started
         peak_mb = (rss_kb("VmHWM") - before) / 1024

@@ -20,7 +20,7 @@ from trainer_common import linear_data, mse_step, short_config, summary
 
 import phalanx
 from phalanx.errors import UsageError
-from phalanx.train import unwrap, wrap_model
+from phalanx.train import ModelInit, WrapOptions, build_layout, unwrap, wrap_model
 from phalanx.train.compiling import is_compiled
 
 
@@ -129,10 +129,11 @@ def scenario_tied(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
             trainer.fit()
             runs[f"{strategy}/{kind}"] = {**summary(trainer), "tied_at_init": at_init,
                                           "tied_after": tied(trainer.model)}  # fmt: skip
-    custom = wrap_model(TiedLM, d, strategy="fsdp", init_weights=lambda m: None)
+    fsdp = build_layout(d, strategy="fsdp")
+    custom = wrap_model(TiedLM, fsdp, init=ModelInit(init_weights=lambda m: None))
     runs["init_weights_tied"] = tied(custom)
     try:
-        wrap_model(TiedLM, d, strategy="fsdp", fsdp_units=("Embedding",))
+        wrap_model(TiedLM, fsdp, options=WrapOptions(units=("Embedding",)))
     except UsageError as error:
         runs["split"] = str(error)
     return runs

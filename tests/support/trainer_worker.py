@@ -61,9 +61,16 @@ def count_allreduces(d: phalanx.Dist, accum: int, *, policy: str = "skip") -> in
     """All-reduces in ONE optimizer step of `accum` micro-batches, counted by torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    from phalanx.train import NanGuard, Precision, StepParts, optimizer_step, wrap_model
+    from phalanx.train import (
+        NanGuard,
+        Precision,
+        StepParts,
+        build_layout,
+        optimizer_step,
+        wrap_model,
+    )  # fmt: skip
 
-    model = wrap_model(regression_mlp(), d, strategy="ddp")
+    model = wrap_model(regression_mlp(), build_layout(d, strategy="ddp"))
     parts = StepParts(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.01),

@@ -33,7 +33,7 @@ from phalanx.checkpoint.stop import interrupted
 from phalanx.checkpoint.store import CheckpointStore
 from phalanx.config.training import CheckpointConfig
 from phalanx.dist.collectives import all_gather_object, barrier
-from phalanx.dist.sharded_types import dcp_errors, is_fsdp_module
+from phalanx.dist.sharded_types import dcp_errors, is_dtensor, is_fsdp_module
 from phalanx.env import ClusterEnv
 from phalanx.errors import UsageError, first_line
 from phalanx.lifecycle.preemption import PreemptionWatcher
@@ -47,9 +47,9 @@ Records = dict[str, files.FileRecord]
 
 
 def module_state_dict(module: nn.Module) -> dict[str, Any]:
-    """`module`'s state dict; an FSDP2-sharded one gathered whole to CPU on rank 0 (empty on the
-    others): a collective then, so every rank must call it."""
-    if is_fsdp_module(module):
+    """`module`'s state dict; a split one (FSDP2, tensor parallelism) gathered whole to CPU on
+    rank 0 (empty on the others): a collective then, so every rank must call it."""
+    if is_fsdp_module(module) or any(is_dtensor(p) for p in module.parameters()):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -11,6 +11,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from phalanx.config.parallel import ParallelConfig
 from phalanx.config.schema import Config, check_choice
 from phalanx.errors import UsageError
 
@@ -332,6 +333,8 @@ class TrainerConfig(Config):
     """Checkpoints and resume."""
     track: TrackConfig = field(default_factory=TrackConfig)
     """Experiment trackers and plots."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """The parallel layout (dp_replicate x dp_shard x tp); default: train.strategy's."""
 
     def __post_init__(self) -> None:
         hang, collective = self.train.hang_timeout_s, self.dist.timeout_s

@@ -85,6 +85,7 @@ def _loader(
     sampler: Sampler[int] | None,
     *,
     env: ClusterEnv,
+    rank: int,
     batch_size: int,
     seeding: tuple[int, int],
     num_workers: int | None,
@@ -108,12 +109,12 @@ def _loader(
         num_workers=workers,
         collate_fn=collate_fn,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-        worker_init_fn=worker_init_fn(seed, env.rank, epoch=epoch) if workers else None,
+        worker_init_fn=worker_init_fn(seed, rank, epoch=epoch) if workers else None,
         persistent_workers=persistent and workers > 0,
         multiprocessing_context=worker_start if workers else None,
         # Each new iterator draws its workers' base seed from this generator; without one it
         # draws from the global torch RNG and shifts the main process's dropout stream.
-        generator=torch.Generator().manual_seed(mix_seed(seed, env.rank)),
+        generator=torch.Generator().manual_seed(mix_seed(seed, rank)),
     )
 
 
@@ -130,6 +131,7 @@ def make_train_loader(
     pin_memory: bool | None = None,
     start: tuple[int, int] = (0, 0),
     worker_start: str = "forkserver",
+    ranks: tuple[int, int] | None = None,
 ) -> DataLoader[T]:
     """A training DataLoader of this rank's share of the global order, resumable on any world size.
 
@@ -138,12 +140,14 @@ def make_train_loader(
     persistent (no restart cost per epoch) and seeded per (seed, rank, worker). `pin_memory=None`
     pins when CUDA is available; `worker_start` is one of WORKER_STARTS. With drop_last=False
     ranks may get different numbers of batches in the last step; see GlobalOrderSampler.
+    `ranks` = (data rank, data ranks) where ranks share batches (phalanx.ParallelLayout).
     """
     epoch, global_index = start
+    rank, world_size = ranks or (env.rank, env.world_size)
     sampler = GlobalOrderSampler(
         _dataset_len(dataset, "make_train_loader"),
-        rank=env.rank,
-        world_size=env.world_size,
+        rank=rank,
+        world_size=world_size,
         batch_size=batch_size,
         seed=seed,
         shuffle=shuffle,
@@ -155,6 +159,7 @@ def make_train_loader(
         dataset,
         sampler,
         env=env,
+        rank=rank,
         batch_size=batch_size,
         seeding=(seed, epoch),
         num_workers=num_workers,
@@ -175,6 +180,7 @@ def make_eval_loader(
     pin_memory: bool | None = None,
     seed: int = 0,
     worker_start: str = "forkserver",
+    ranks: tuple[int, int] | None = None,
 ) -> DataLoader[T]:
     """An evaluation DataLoader over this rank's unpadded contiguous shard (see EvalSampler).
 
@@ -184,11 +190,13 @@ def make_eval_loader(
     """
     if batch_size < 1:
         raise UsageError(f"batch_size={batch_size} must be >= 1 (it is the per-rank batch size)")
-    sampler = EvalSampler(_dataset_len(dataset, "make_eval_loader"), env.rank, env.world_size)
+    rank, world_size = ranks or (env.rank, env.world_size)
+    sampler = EvalSampler(_dataset_len(dataset, "make_eval_loader"), rank, world_size)
     return _loader(
         dataset,
         sampler,
         env=env,
+        rank=rank,
         batch_size=batch_size,
         seeding=(seed, 0),
         num_workers=num_workers,
@@ -209,6 +217,7 @@ def make_iterable_loader(
     collate_fn: Collate[T] | None = None,
     pin_memory: bool | None = None,
     worker_start: str = "forkserver",
+    ranks: tuple[int, int] | None = None,
 ) -> DataLoader[T]:
     """A training DataLoader over a stream, sharded across ranks AND this rank's workers.
 
@@ -218,9 +227,10 @@ def make_iterable_loader(
     """
     if batch_size < 1:
         raise UsageError(f"batch_size={batch_size} must be >= 1 (it is the per-rank batch size)")
-    sharded = ShardedIterable(dataset, rank=env.rank, world_size=env.world_size)
+    rank, world_size = ranks or (env.rank, env.world_size)
+    sharded = ShardedIterable(dataset, rank=rank, world_size=world_size)
     return _loader(
-        sharded, None, env=env, batch_size=batch_size, seeding=(seed, 0),
+        sharded, None, env=env, rank=rank, batch_size=batch_size, seeding=(seed, 0),
         num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, persistent=False,
         worker_start=worker_start,
     )  # fmt: skip

@@ -235,8 +235,9 @@ def torchrun_environ(spec: RunSpec, environ: Mapping[str, str]) -> dict[str, str
 
 
 def exec_torchrun(spec: RunSpec) -> None:
-    """Replace this process with torchrun, so signals and the exit code pass straight through."""
-    command = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(spec)]
+    """Replace this process with torchrun, so signals and the exit code pass straight through
+    (a usage error in every failed worker: exit 2, phalanx.launch.torchrun_entry)."""
+    command = [sys.executable, "-m", "phalanx.launch.torchrun_entry", *torchrun_argv(spec)]
     # SLURM signals every process of the step: torchrun would die of SIGUSR2 (its default
     # action) and take the workers down before they checkpoint. Ignored here, inherited through
     # exec by torchrun; the workers install phalanx's own handler.

@@ -23,16 +23,14 @@ from torch import nn
 
 from phalanx.config.training import checkpoint_every
 from phalanx.errors import UsageError
-from phalanx.train.fsdp import shard_units
 
 
-def checkpoint_units(model: nn.Module, unit_names: tuple[str, ...], setting: str) -> int:
-    """Checkpoint the units (as FSDP picks them from `unit_names`) per `setting` (none, full,
-    every:N: units N, 2N, ... counting from 1); returns how many were checkpointed."""
+def checkpoint_units(units: list[nn.Module], setting: str) -> int:
+    """Checkpoint the `units` (phalanx.train.units) per `setting` (none, full, every:N: units
+    N, 2N, ... counting from 1); returns how many were checkpointed."""
     every = checkpoint_every(setting)
     if every == 0:
         return 0
-    units = shard_units(model, unit_names)
     if not units:
         raise UsageError(
             f"train.activation_checkpointing={setting} found no units: the model has no "

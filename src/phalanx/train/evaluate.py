@@ -4,9 +4,9 @@ Each rank runs its own shard (no padding, so shards may differ in size; the unwr
 runs without collectives), eval_step returns per-sample values, and one reduction at the end
 gives the mean over the whole data set — equal to a single-process evaluation.
 
-A sharded model (FSDP) all-gathers parameters in every forward, so all ranks must run the same
-number of forwards: with `lockstep_steps` a rank whose shard is done runs its last batch again
-and drops the result.
+A sharded model (FSDP, tensor parallelism) runs collectives in every forward, so all ranks
+must run the same number of forwards: with `lockstep_steps` a rank whose shard is done runs its
+last batch again and drops the result.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from phalanx.dist.sharded_types import is_fsdp_module
 from phalanx.errors import UsageError
 from phalanx.train.fsdp import reshard_all
 from phalanx.train.metrics import Metrics
 from phalanx.train.precision import Precision
 from phalanx.train.step import to_device
-from phalanx.train.strategy import unwrap
 
 EvalFn = Callable[[nn.Module, Any], Mapping[str, torch.Tensor]]
 
@@ -83,11 +81,9 @@ def _schedule(
         yield last, False
 
 
-def lockstep_steps(model: nn.Module, loader: Any, world_size: int) -> int | None:
-    """For a sharded model, the forward count every rank runs over `loader` (a make_eval_loader
-    loader); None when ranks may stop independently."""
-    if not is_fsdp_module(unwrap(model)):
-        return None
+def lockstep_steps(loader: Any, world_size: int) -> int:
+    """For a sharded model (its forward runs collectives), the forward count every rank runs
+    over `loader` (a make_eval_loader loader over `world_size` data ranks)."""
     sampler = loader.sampler
     if sampler.dataset_len < world_size:
         raise UsageError(

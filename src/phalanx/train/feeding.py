@@ -29,8 +29,10 @@ log = logging.getLogger("phalanx.train")
 def train_loader(
     dataset: Dataset[Any], *, config: TrainerConfig, env: ClusterEnv, device: torch.device,
     collate_fn: Callable[[list[Any]], Any] | None, start: tuple[int, int],
+    ranks: tuple[int, int] | None = None,
 ) -> Any:  # fmt: skip
-    """A loader that continues at `start` = (epoch, global sample index)."""
+    """A loader that continues at `start` = (epoch, global sample index), over the data ranks
+    `ranks` = (this one, their number; default every rank)."""
     data = config.data
     workers = None if data.num_workers < 0 else data.num_workers
     pin = data.pin_memory and device.type == "cuda"
@@ -38,25 +40,26 @@ def train_loader(
         return make_iterable_loader(
             dataset, env=env, batch_size=data.batch_size, seed=config.train.seed,
             num_workers=workers, collate_fn=collate_fn, pin_memory=pin,
-            worker_start=data.worker_start,
+            worker_start=data.worker_start, ranks=ranks,
         )  # fmt: skip
     return make_train_loader(
         dataset, env=env, batch_size=data.batch_size, seed=config.train.seed,
         shuffle=data.shuffle, drop_last=data.drop_last, num_workers=workers,
         collate_fn=collate_fn, pin_memory=pin, start=start, worker_start=data.worker_start,
+        ranks=ranks,
     )  # fmt: skip
 
 
 def eval_loader(
     dataset: Dataset[Any], config: TrainerConfig, env: ClusterEnv,
-    collate_fn: Callable[[list[Any]], Any] | None,
+    collate_fn: Callable[[list[Any]], Any] | None, ranks: tuple[int, int],
 ) -> DataLoader[Any]:  # fmt: skip
     """A loader over this rank's shard of the evaluation data (built anew for each evaluation)."""
     data = config.data
     return make_eval_loader(
         dataset, env=env, batch_size=data.eval_batch_size or data.batch_size,
         collate_fn=collate_fn, worker_start=data.worker_start,
-        num_workers=None if data.num_workers < 0 else data.num_workers,
+        num_workers=None if data.num_workers < 0 else data.num_workers, ranks=ranks,
     )  # fmt: skip
 
 

@@ -20,6 +20,7 @@ What phalanx decides for the user, and why:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -27,50 +28,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from phalanx.dist.sharded_types import is_dtensor, is_fsdp_module
+from phalanx.dist.sharded_types import is_fsdp_module
 from phalanx.errors import UsageError
-from phalanx.train.meta_init import (
-    InitFn,
-    check_resettable,
-    find_ties,
-    init_whole,
-    materialize,
-    seeded,
-)
+from phalanx.train.meta_init import find_ties
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
 # torch's FSDP2 modules are imported where a model is sharded (phalanx.dist.sharded_types).
-
-
-def shard_units(model: nn.Module, unit_names: tuple[str, ...]) -> list[nn.Module]:
-    """The modules to shard one by one (root excluded), outermost first, none inside another
-    (fully_shard on a module that an outer unit already manages would fail).
-
-    Named classes: the modules of those classes. Default: the children of every nn.ModuleList.
-    """
-    if unit_names:
-        found = {type(m).__name__ for m in model.modules()}
-        missing = [name for name in unit_names if name not in found]
-        if missing:
-            raise UsageError(
-                f"train.fsdp_units names {missing}, which the model does not contain; "
-                f"its module classes are {sorted(found)}"
-            )
-        candidates = [m for m in model.modules() if type(m).__name__ in unit_names]
-    else:
-        lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
-        candidates = [child for modules in lists for child in modules.children()]
-    units: list[nn.Module] = []
-    for module in candidates:  # model.modules() order: an outer module comes before its parts
-        if module is not model and not any(_contains(unit, module) for unit in units):
-            units.append(module)
-    return units
-
-
-def _contains(outer: nn.Module, inner: nn.Module) -> bool:
-    return any(m is inner for m in outer.modules())
 
 
 def check_ties(model: nn.Module, units: list[nn.Module]) -> None:
@@ -101,78 +66,42 @@ def broadcast_from_rank0(model: nn.Module) -> None:
             dist.broadcast(tensor, src=0)
 
 
-def shard_model(
-    model: nn.Module,
-    *,
-    unit_names: tuple[str, ...],
-    precision: str,
-    reshard: bool,
-    mesh: DeviceMesh | None = None,
-) -> nn.Module:
-    """Apply fully_shard to every unit, then to the root; the model's parameters become DTensors.
-
-    `model` must already be on the rank's device, on every rank. `mesh`: None shards over all
-    ranks; a 2-D ("replicate", "shard") mesh is HSDP (phalanx.train.hsdp).
-    """
+def unit_sharder(
+    units: list[nn.Module], *, mesh: DeviceMesh | None, precision: str, reshard: bool
+) -> Callable[[nn.Module], None]:
+    """fully_shard for a module that is one of `units`, nothing for any other: the callback
+    that shards each unit as soon as it is materialised (meta_init.materialize's `after`), or
+    is called on each unit of a model that has storage already. `mesh`: None shards over every
+    rank; a 2-D (dp_replicate, dp_shard) mesh is HSDP; a 1-D one the dp_shard ranks beside
+    tensor parallelism (phalanx.train.layout)."""
     from torch.distributed.fsdp import fully_shard
 
-    policy = _policy(precision)
-    _check_plain(model)
-    units = shard_units(model, unit_names)
-    check_ties(model, units)
-    broadcast_from_rank0(model)
-    for unit in units:
-        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-    _shard_root(model, policy, mesh)
-    return model
+    policy, unit_ids = _policy(precision), {id(unit) for unit in units}
+
+    def shard(module: nn.Module) -> None:
+        if id(module) in unit_ids:
+            fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+
+    return shard
 
 
-def shard_new_model(
-    model: nn.Module,
-    *,
-    device: torch.device,
-    unit_names: tuple[str, ...],
-    precision: str,
-    reshard: bool,
-    init_weights: InitFn | None,
-    seed: int,
-    rank: int,
-    mesh: DeviceMesh | None = None,
-) -> nn.Module:
-    """Shard a model built on the meta device (a factory's), materialise and initialise it
-    without a full copy on any rank.
-
-    reset_parameters(): unit by unit, each sharded (its full copy freed) as soon as it is
-    initialised, all ranks drawing from `seed`: the values do not depend on the world size.
-    init_weights: shard on meta, then storage for the shards only and the user's function on
-    DTensors, each rank drawing from seed + rank (torch gives no offset-based DTensor random
-    init on CPU; where it does (CUDA), it syncs rank 0's generator and takes over); under HSDP
-    from seed + the rank's place in its shard group, so that the replicas of a shard agree.
-    """
+def shard_root(model: nn.Module, *, mesh: DeviceMesh | None, precision: str) -> None:
+    """fully_shard on the root (after its units): whatever no unit holds."""
     from torch.distributed.fsdp import fully_shard
 
-    policy = _policy(precision)
-    _check_plain(model)
-    units = shard_units(model, unit_names)
+    # The root's parameters are needed again right after forward (by backward): keep them.
+    fully_shard(model, mesh=mesh, mp_policy=_policy(precision), reshard_after_forward=False)
+
+
+def check_shardable(model: nn.Module, units: list[nn.Module], precision: str) -> None:
+    """Refuse, before anything is sharded: an FSDP model, ties across units, fp16."""
+    _policy(precision)
+    if any(is_fsdp_module(m) for m in model.modules()):
+        raise UsageError(
+            "the model was already sharded with fully_shard; pass the plain model and let "
+            "train.strategy=fsdp shard it (train.fsdp_units chooses the units)"
+        )
     check_ties(model, units)
-    if init_weights is None:
-        check_resettable(model)
-        unit_ids = {id(unit) for unit in units}
-
-        def shard_unit(module: nn.Module) -> None:
-            if id(module) in unit_ids:
-                fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-
-        with seeded(seed, device):
-            materialize(model, device, after=shard_unit)
-        _shard_root(model, policy, mesh)
-        return model
-    for unit in units:
-        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-    _shard_root(model, policy, mesh)
-    with seeded(seed + (rank if mesh is None else mesh.get_local_rank("shard")), device):
-        init_whole(model, device, init_weights)
-    return model
 
 
 def _policy(precision: str) -> MixedPrecisionPolicy:
@@ -186,29 +115,9 @@ def _policy(precision: str) -> MixedPrecisionPolicy:
     )
 
 
-def _check_plain(model: nn.Module) -> None:
-    if any(is_fsdp_module(m) for m in model.modules()):
-        raise UsageError(
-            "the model was already sharded with fully_shard; pass the plain model and let "
-            "train.strategy=fsdp shard it (train.fsdp_units chooses the units)"
-        )
-
-
-def _shard_root(model: nn.Module, policy: MixedPrecisionPolicy, mesh: DeviceMesh | None) -> None:
-    from torch.distributed.fsdp import fully_shard
-
-    # The root's parameters are needed again right after forward (by backward): keep them.
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
-
-
 def reshard_all(model: nn.Module) -> None:
     """Free every gathered parameter. A forward without backward (evaluation) leaves the root's
     parameters gathered (it does not reshard after forward); saves and memory want shards."""
     for module in model.modules():
         if is_fsdp_module(module):
             cast("FSDPModule", module).reshard()
-
-
-def full_norm(norm: torch.Tensor) -> torch.Tensor:
-    """The global gradient norm as a plain tensor (sharded gradients give a partial DTensor)."""
-    return norm.full_tensor() if is_dtensor(norm) else norm

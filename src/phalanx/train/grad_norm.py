@@ -22,6 +22,8 @@ from collections.abc import Sequence
 
 import torch
 
+from phalanx.dist.sharded_types import is_dtensor
+
 log = logging.getLogger(__name__)
 
 RECORDINGS = 3
@@ -33,13 +35,40 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     kernels, so the same bits), without its per-tensor host work when all are plain tensors of
     one device and dtype: it moves every tensor's norm to the first device one call at a time,
     148 dispatches a step for GPT-2 small on the thread that launches the kernels (issue #17).
-    DTensors (FSDP) and mixed devices or dtypes take torch's own function."""
+    DTensors (FSDP) and mixed devices or dtypes take torch's own function, once per device
+    mesh: torch's refuses tensors of different meshes (tensor parallelism with layers left
+    whole: their gradients are plain tensors or sit on the data mesh only)."""
     if _one_kind(grads):
         norm: torch.Tensor = torch.linalg.vector_norm(
             torch.stack(torch._foreach_norm(grads, 2.0)), 2.0
         )
         return norm
-    return torch.nn.utils.get_total_norm(grads)
+    groups = _by_mesh(grads)
+    if len(groups) == 1:
+        return torch.nn.utils.get_total_norm(grads)
+    parts = [full_norm(torch.nn.utils.get_total_norm(group)) for group in groups]
+    combined: torch.Tensor = torch.linalg.vector_norm(torch.stack(parts), 2.0)
+    return combined
+
+
+def clip_grads_(params: Sequence[torch.Tensor], max_norm: float, norm: torch.Tensor) -> None:
+    """torch.nn.utils.clip_grads_with_norm_ for parameters that may sit on several meshes
+    (one call per mesh: torch's refuses a mix)."""
+    for group in _by_mesh(list(params)):
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
+
+
+def _by_mesh(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """`tensors` grouped by their DTensor mesh (plain tensors: one group), in first-seen order."""
+    groups: dict[object, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault(getattr(tensor, "device_mesh", None), []).append(tensor)
+    return list(groups.values())
+
+
+def full_norm(norm: torch.Tensor) -> torch.Tensor:
+    """The global gradient norm as a plain tensor (sharded gradients give a partial DTensor)."""
+    return norm.full_tensor() if is_dtensor(norm) else norm
 
 
 def _one_kind(grads: list[torch.Tensor]) -> bool:

@@ -3,7 +3,7 @@
 Parameters, gradients and optimizer state are sharded within a group of `shard_size`
 consecutive ranks (one node's, by default: all-gathers and reduce-scatters stay on the node's
 fast links) and replicated across the groups (one all-reduce of each shard between nodes per
-step, like DDP). The mesh is ("replicate", "shard") in torch's row-major rank order: ranks
+step, like DDP). The mesh is ("dp_replicate", "dp_shard") in torch's row-major rank order: ranks
 0..shard_size-1 form the first shard group, which torchrun and srun place on one node.
 
 A mesh whose shard groups hold one rank is DDP, and one whose single group holds every rank is
@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import logging
 
-import torch
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
 from phalanx.env.cluster_env import ClusterEnv
 from phalanx.errors import UsageError
 
 log = logging.getLogger("phalanx.train")
-MESH_DIMS = ("replicate", "shard")
 
 
 def mesh_shape(env: ClusterEnv, shard_size: int) -> tuple[int, int]:
@@ -51,10 +47,8 @@ def mesh_shape(env: ClusterEnv, shard_size: int) -> tuple[int, int]:
     return world // size, size
 
 
-def hsdp_mesh(env: ClusterEnv, shard_size: int, device: torch.device) -> DeviceMesh:
-    """The 2-D ("replicate", "shard") mesh; rank 0 says in one INFO line what it chose."""
-    replicas, size = mesh_shape(env, shard_size)
-    mesh = init_device_mesh(device.type, (replicas, size), mesh_dim_names=MESH_DIMS)
+def log_hsdp_groups(env: ClusterEnv, replicas: int, size: int) -> None:
+    """Rank 0 says in one INFO line which ranks form the shard groups."""
     if env.is_main_process:
         groups = [f"{g * size}-{g * size + size - 1}" for g in range(min(replicas, 3))]
         where = "within a node" if env.local_world_size % size == 0 else "spanning nodes"
@@ -62,4 +56,3 @@ def hsdp_mesh(env: ClusterEnv, shard_size: int, device: torch.device) -> DeviceM
             "hsdp mesh: %d replicas x %d shards (shard groups: ranks %s%s; each %s)",
             replicas, size, ", ".join(groups), ", ..." if replicas > 3 else "", where,
         )  # fmt: skip
-    return mesh

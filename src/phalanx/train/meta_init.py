@@ -21,6 +21,7 @@ small). Parameters get storage module by module, and values from one of three in
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator
 
 import torch
@@ -185,3 +186,42 @@ def init_whole(model: nn.Module, device: torch.device, init_weights: InitFn) -> 
         retie(model, names)
     with torch.no_grad():
         init_weights(model)
+
+
+def reset_into_shards(model: nn.Module, device: torch.device) -> None:
+    """Each module's reset_parameters() on a full-size copy of its own parameters, in
+    `materialize`'s order under the caller's seeded generator, then each rank keeps its slice:
+    the values of `torch.manual_seed(seed); factory()`, whatever the layout, while only one
+    module's full parameters exist at a time. The slice is cut locally (src_data_rank=None: no
+    collective), every rank having drawn the same full values."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    check_resettable(model)
+    for module in model.modules():
+        own = {n: p for n, p in module.named_parameters(recurse=False)}
+        if not own:
+            continue
+        full = copy.copy(module)  # the module's attributes, parameters of its own below
+        full._parameters = {  # None entries kept: reset_parameters() reads `bias is None`
+            n: None
+            if p is None
+            else nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device))
+            for n, p in module._parameters.items()
+        }
+        with torch.no_grad():
+            full.reset_parameters()  # type: ignore[operator]
+            for name, param in own.items():
+                values = full.get_parameter(name)
+                if isinstance(param, DTensor):
+                    placed = distribute_tensor(
+                        values, param.device_mesh, param.placements, src_data_rank=None
+                    )
+                    param.to_local().copy_(placed.to_local())
+                else:
+                    param.copy_(values)
+
+
+def _full_empty(param: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Uninitialised storage of `param`'s full (global) shape: a plain tensor, even for a
+    DTensor, whose empty_like would be a DTensor again."""
+    return torch.empty(tuple(param.shape), dtype=param.dtype, device=device)

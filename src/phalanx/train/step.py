@@ -16,8 +16,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from phalanx.dist.sharded_types import is_fsdp_module
 from phalanx.errors import UsageError
-from phalanx.train.fsdp import full_norm
-from phalanx.train.grad_norm import GradNorm
+from phalanx.train.grad_norm import GradNorm, clip_grads_, full_norm
 from phalanx.train.guard import NanGuard, masked_step
 from phalanx.train.metrics import Metrics
 from phalanx.train.precision import Precision
@@ -81,6 +80,9 @@ class StepParts:
     copy_outputs: bool = False
     """The model replays CUDA graphs (train.compile_mode): the next replay overwrites its
     outputs, so the metrics keep copies of the loss and extra values instead of references."""
+    ranks_per_batch: int = 1
+    """Ranks that train on the same batch (a data rank's tensor-parallel peers): the samples
+    metric, summed over ranks, counts each batch once."""
     grad_norm: GradNorm = field(default_factory=GradNorm)
     """The gradients' norm each step, replayed from a CUDA graph where it can be (grad_norm.py)."""
 
@@ -123,7 +125,8 @@ def optimizer_step(parts: StepParts, micro_batches: Iterable[Any], *, step: int)
         kept = {"loss": loss, **extra}
         for name, value in kept.items():
             parts.metrics.add(name, value.detach().clone() if parts.copy_outputs else value)
-        parts.metrics.add("samples", float(batch_size_of(batch)), reduce="sum")
+        share = float(batch_size_of(batch)) / parts.ranks_per_batch
+        parts.metrics.add("samples", share, reduce="sum")
     _update(parts, step, carried=carry)
 
 
@@ -167,7 +170,7 @@ def _update(parts: StepParts, step: int, *, carried: bool = False) -> None:
         norm, clipped = parts.grad_norm(grads, clip_params=params, max_norm=clip)
         norm = full_norm(norm)
     if clip > 0 and not clipped:
-        torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
+        clip_grads_(params, clip, norm)
     # Under fp16 an overflow is the scaler's business (reported as scaler_skips), not a NaN event.
     fp16 = parts.precision.scaler is not None
     bad = parts.guard.agree(

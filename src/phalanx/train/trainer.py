@@ -28,14 +28,16 @@ from phalanx.train.checkpointing import config_fingerprint, make_store
 from phalanx.train.evaluate import EvalFn, evaluate, lockstep_steps
 from phalanx.train.feeding import DeviceFeed, common_steps_left, steps_per_epoch, train_loader
 from phalanx.train.guard import NanGuard, NonFiniteError, host_read_warning
+from phalanx.train.layout import build_layout, check_checkpoint_form
 from phalanx.train.loop_control import LoopControl, Preemption
 from phalanx.train.meta_init import InitFn, ModelFactory
 from phalanx.train.metrics import Metrics
 from phalanx.train.optim import OptimizerArg, SchedulerArg, build_optimizer, build_scheduler
+from phalanx.train.parallelize import ModelInit, TpPlan, WrapOptions, wrap_model
 from phalanx.train.precision import Precision
 from phalanx.train.progress import Throughput, peak_flops, progress_line
 from phalanx.train.step import StepFn, StepParts, optimizer_step, sync_debug
-from phalanx.train.strategy import explain_ddp_oom, unwrap, wrap_model
+from phalanx.train.strategy import explain_ddp_oom, unwrap
 from phalanx.train.tracking import RunTracking
 from phalanx.train.watchdog import HangBeats
 
@@ -47,12 +49,13 @@ class Trainer:
 
     `model` is an nn.Module or a factory `() -> nn.Module`, built on the meta device and
     initialised from train.seed by reset_parameters() or `init_weights(model)`, or from the
-    pretrained weights of train.init_from (docs/training.md, "Large models"). `optimizer` is an
-    Optimizer or a factory `params -> Optimizer`; `scheduler` an LRScheduler or
-    `optimizer -> LRScheduler` (stepped once per optimizer step). `train_data` and `eval_data`
+    pretrained weights of train.init_from (docs/training.md, "Large models"); `tp_plan` splits
+    it over parallel.tp ranks (phalanx.train.tp_plan). `optimizer` is an Optimizer or a factory
+    `params -> Optimizer`; `scheduler` an LRScheduler or `optimizer -> LRScheduler` (stepped
+    once per optimizer step). `train_data` and `eval_data`
     are map-style Datasets (the position resumes at the sample) or IterableDatasets (sharded
-    per rank and worker, see phalanx.ShardedIterable).
-    `eval_step(model, batch)` returns per-sample tensors, averaged over the whole eval set.
+    per rank and worker, see phalanx.ShardedIterable). `eval_step(model, batch)` returns
+    per-sample tensors, averaged over the whole eval set.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class Trainer:
         flops_per_sample: float | None = None,
         tokens_per_sample: float | None = None,
         init_weights: InitFn | None = None,
+        tp_plan: TpPlan | None = None,
     ) -> None:
         resolved = config if config is not None else handle.config
         if not isinstance(resolved, TrainerConfig):
@@ -85,26 +89,24 @@ class Trainer:
         self.train_data, self.eval_data, self.eval_step = train_data, eval_data, eval_step
         self.collate_fn, self.callbacks = collate_fn, list(callbacks)
         with explain_ddp_oom(config.train.strategy, self.env.world_size):
-            self._build_training(model, optimizer, scheduler, train_step, init_weights)
+            self._build_training(model, optimizer, scheduler, train_step, init_weights, tp_plan)
         self._build_bookkeeping(flops_per_sample, tokens_per_sample)
 
     def _build_training(
         self, model: nn.Module | ModelFactory, optimizer: OptimizerArg,
-        scheduler: SchedulerArg | None,
-        train_step: StepFn, init_weights: InitFn | None,
+        scheduler: SchedulerArg | None, train_step: StepFn, init_weights: InitFn | None,
+        tp_plan: TpPlan | None,
     ) -> None:  # fmt: skip
         """Seeds, the wrapped model, optimizer, schedule, precision, guard: what a step needs."""
         train, handle = self.config.train, self.handle
-        seed_everything(train.seed, rank=self.env.rank)
+        self.layout = build_layout(handle, self.config.parallel, strategy=train.strategy,
+                                   hsdp_shard_size=train.hsdp_shard_size)  # fmt: skip
+        check_checkpoint_form(self.layout, self.config.checkpoint)
+        seed_everything(train.seed, rank=self.layout.data_rank)  # tp peers: the same dropout
         self.model = wrap_model(
-            model, handle, strategy=train.strategy, compile=train.compile,
-            compile_mode=train.compile_mode,
-            static_graph=train.ddp_static_graph, bucket_mb=train.ddp_bucket_mb,
-            broadcast_buffers=train.ddp_broadcast_buffers,
-            fsdp_units=train.fsdp_units, fsdp_reshard=train.fsdp_reshard_after_forward,
-            precision=train.precision, activation_checkpointing=train.activation_checkpointing,
-            init_weights=init_weights, seed=train.seed, hsdp_shard_size=train.hsdp_shard_size,
-            pretrained=train.init_from or None, pretrained_read=train.init_from_read,
+            model, self.layout, plan=tp_plan, options=WrapOptions.of(train),
+            init=ModelInit(seed=train.seed, init_weights=init_weights,
+                           pretrained=train.init_from or None, read=train.init_from_read),
         )  # fmt: skip
         self.optimizer = build_optimizer(optimizer, self.model, train, self.env.world_size)
         self.scheduler = build_scheduler(scheduler, self.optimizer, train)
@@ -117,17 +119,13 @@ class Trainer:
             log.warning(warning)
         self.metrics = Metrics(handle.device)
         self._parts = StepParts(
-            model=self.model,
-            optimizer=self.optimizer,
-            train_step=train_step,
-            precision=self.precision,
-            guard=self.guard,
-            metrics=self.metrics,
-            clip_grad_norm=train.clip_grad_norm,
-            scheduler=self.scheduler,
+            model=self.model, optimizer=self.optimizer, train_step=train_step,
+            precision=self.precision, guard=self.guard, metrics=self.metrics,
+            clip_grad_norm=train.clip_grad_norm, scheduler=self.scheduler,
             fsdp_reduce_every_micro_batch=train.fsdp_reduce_every_micro_batch,
             copy_outputs=train.compile and train.compile_mode in CUDA_GRAPH_MODES,
-        )
+            ranks_per_batch=self.layout.sizes.tp,
+        )  # fmt: skip
 
     def _build_bookkeeping(
         self, flops_per_sample: float | None, tokens_per_sample: float | None
@@ -215,6 +213,7 @@ class Trainer:
         loader = train_loader(
             self.train_data, config=self.config, env=self.env, device=self.handle.device,
             collate_fn=self.collate_fn, start=(self.state.epoch, self.state.global_index),
+            ranks=self.layout.data_shard,
         )  # fmt: skip
         sampler, accum = _sampler(loader), self.config.train.grad_accum
         per_epoch = steps_per_epoch(sampler, accum) if sampler is not None else 0
@@ -333,8 +332,9 @@ class Trainer:
         if self.eval_data is None or self.eval_step is None:
             return {}
         self._beat("eval")
-        loader = feeding.eval_loader(self.eval_data, self.config, self.env, self.collate_fn)
-        lockstep = lockstep_steps(self.model, loader, self.env.world_size)
+        ranks = self.layout.data_shard
+        loader = feeding.eval_loader(self.eval_data, self.config, self.env, self.collate_fn, ranks)
+        lockstep = lockstep_steps(loader, ranks[1]) if self.layout.kind == "sharded" else None
         with self.throughput.paused():
             values = evaluate(
                 unwrap(self.model),
