@@ -128,3 +128,18 @@ def test_wrap_options_follow_the_train_section() -> None:
     assert options.precision == "bf16"
     with pytest.raises(UsageError, match="activation_checkpointing"):
         WrapOptions(activation_checkpointing="some")
+
+
+def test_activation_checkpointing_with_compile_under_tp_is_refused_before_anything_runs() -> None:
+    from torch import nn
+
+    from phalanx.train.parallelize import wrap_model
+
+    layout = ParallelLayout(Sizes(1, 2, 2), env(4), torch.device("cpu"))
+    options = WrapOptions(compile=True, activation_checkpointing="full")
+    with pytest.raises(
+        UsageError,
+        match=r"activation_checkpointing=full with train.compile=true "
+        r"under parallel.tp=2 .*keep one of the two",
+    ):
+        wrap_model(nn.Linear(2, 2), layout, options=options)

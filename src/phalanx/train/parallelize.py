@@ -110,6 +110,7 @@ def wrap_model(
     if not isinstance(layout, ParallelLayout):
         layout = build_layout(layout)
     init, options = init or ModelInit(), options or WrapOptions()
+    _check_combination(layout, options)
     fresh = is_factory(model)
     module, init_weights = _built(model, init)
     units = pick_units(module, options.units)
@@ -132,6 +133,16 @@ def wrap_model(
                       settle_inputs=layout.tp_mesh is not None)  # fmt: skip
     _shard(module, units, layout, options, fresh=fresh, seed=init.seed, init_weights=init_weights)
     return module
+
+
+def _check_combination(layout: ParallelLayout, options: WrapOptions) -> None:
+    if layout.sizes.tp > 1 and options.compile and options.activation_checkpointing != "none":
+        # torch 2.13's compiler raises an AssertionError on the checkpointed DTensor blocks.
+        raise UsageError(
+            f"train.activation_checkpointing={options.activation_checkpointing} with "
+            f"train.compile=true under parallel.tp={layout.sizes.tp} fails inside torch's "
+            "compiler; keep one of the two"
+        )
 
 
 def _resolved_plan(
