@@ -40,6 +40,7 @@ def sizes(world: int, strategy: str = "auto", shard: int = 0, **section: int) ->
         (8, "fsdp", (1, 8, 1), "sharded"),
         (8, "hsdp", (2, 4, 1), "sharded"),  # a node's 4 ranks per shard group
         (4, "single", (1, 1, 1), "single"),
+        (1, "fsdp", (1, 1, 1), "sharded"),  # FSDP2 on one rank stays FSDP2
     ],
 )
 def test_train_strategy_is_a_shorthand_for_a_layout(

@@ -4,6 +4,7 @@ needs a mesh, hence ranks: the distributed layer covers it."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,8 @@ def _inductor_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # torch's first meta-device build in a process sets TORCHINDUCTOR_CACHE_DIR; set here, it
     # is undone.
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    for name in ("KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"):  # set by some transformers imports
+        monkeypatch.setenv(name, os.environ.get(name, ""))
 
 
 def llama(**overrides: object) -> nn.Module:
@@ -81,9 +84,13 @@ def test_auto_resolves_the_llama_plan_to_exact_names_styles_and_layouts() -> Non
             "mlp.down_proj",
         )
     ]
-    assert list(plan) == ["model.embed_tokens", *layers, "lm_head"]  # named_modules() order
-    embed, head = plan["model.embed_tokens"], plan["lm_head"]
-    assert type(embed) is RowwiseParallel and embed.input_layouts == (Replicate(),)
+    # transformers 5.2x adds the vocabulary-split embedding; earlier plans leave it whole.
+    embedding = ["model.embed_tokens"] if "model.embed_tokens" in plan else []
+    assert list(plan) == [*embedding, *layers, "lm_head"]  # named_modules() order
+    if embedding:
+        embed = plan["model.embed_tokens"]
+        assert type(embed) is RowwiseParallel and embed.input_layouts == (Replicate(),)
+    head = plan["lm_head"]
     assert type(head) is ColwiseParallel and head.output_layouts == (Replicate(),)
     for name in layers:
         rowwise = name.endswith(("o_proj", "down_proj"))

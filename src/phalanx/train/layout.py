@@ -47,12 +47,15 @@ class Sizes:
     dp_replicate: int
     dp_shard: int
     tp: int
+    sharded: bool = False
+    """FSDP2 even where no size says so: train.strategy=fsdp on one rank (sharded checkpoints,
+    DTensor parameters, the same code as on many)."""
 
     @property
     def kind(self) -> Kind:
         """single (one copy, no peers), ddp (whole copies) or sharded (DTensor parameters:
         FSDP2, HSDP, tensor parallelism)."""
-        if self.dp_shard == 1 and self.tp == 1:
+        if self.dp_shard == 1 and self.tp == 1 and not self.sharded:
             return "ddp" if self.dp_replicate > 1 else "single"
         return "sharded"
 
@@ -101,7 +104,7 @@ def _from_strategy(strategy: str, hsdp_shard_size: int, env: ClusterEnv) -> Size
     return {
         "single": Sizes(1, 1, 1),
         "ddp": Sizes(world, 1, 1),
-        "fsdp": Sizes(1, world, 1),
+        "fsdp": Sizes(1, world, 1, sharded=True),
     }[strategy]
 
 
@@ -126,8 +129,9 @@ class ParallelLayout:
 
     @property
     def fsdp(self) -> bool:
-        """fully_shard applies: parameters are sharded or replicated over data ranks."""
-        return self.kind == "sharded" and self.sizes.dp_replicate * self.sizes.dp_shard > 1
+        """fully_shard applies: every sharded layout but tensor parallelism alone."""
+        sizes = self.sizes
+        return self.kind == "sharded" and (sizes.tp == 1 or sizes.dp_replicate * sizes.dp_shard > 1)
 
     @property
     def data_rank(self) -> int:
