@@ -33,7 +33,7 @@ def scenarios(out: Path, items: tuple[str, ...], ranks: int) -> dict[str, Any]:
 # asks for a launch pays for all of it: hence their common, longer timeouts.
 TWO_RANKS = ("parity", "accumulation", "buffers", "nan:policy=skip:opt=sgd",
              "nan:policy=skip:opt=adamw_fused", "nan_loss:policy=skip", "nan_loss:policy=count",
-             "nan_loss:policy=skip:kind=masked")  # fmt: skip
+             "nan_loss:policy=skip:kind=masked", "compile")  # fmt: skip
 THREE_RANKS = ("metrics", "uneven", "iterable", "fsdp:fused=1")
 LAUNCH_TIMEOUT_S = 240
 
@@ -189,8 +189,8 @@ def test_ddp_broadcast_buffers_copies_rank_0s_buffers_or_keeps_each_ranks(
 
 
 @pytest.mark.timeout(300)
-def test_compiled_ddp_checkpoint_loads_into_an_eager_model(tmp_path: Path) -> None:
-    (r,) = scenarios(tmp_path, ("compile",), ranks=2).values()
+def test_compiled_ddp_checkpoint_loads_into_an_eager_model(two_ranks: dict[str, Any]) -> None:
+    r = two_ranks["compile"]
     assert r["keys"] == ["0.bias", "0.weight", "2.bias", "2.weight"]  # no module./_orig_mod.
     assert max_diff(r["compiled"], r["eager"]) < 1e-6
     # train.compile_mode=max-autotune-no-cudagraphs trains as the default mode (CPU inductor).
