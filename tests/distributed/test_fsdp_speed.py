@@ -15,11 +15,14 @@ WORKER = str(Path(__file__).parents[1] / "support" / "speed_worker.py")
 pytestmark = pytest.mark.dist
 
 
-def scenario(out: Path, name: str, ranks: int = 2) -> dict[str, Any]:
-    result = run([str(VENV_BIN / "phalanx"), "run", "-n", str(ranks), WORKER, name, str(out)],
-                 timeout=200)  # fmt: skip
+@pytest.fixture(scope="module")
+def speed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The three scenarios in one 2-rank launch (scenarios.py): one start-up, not three."""
+    out, items = tmp_path_factory.mktemp("speed"), ("accum", "compile", "tied")
+    result = run([str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, ",".join(items), str(out)],
+                 timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads((out / f"{name}.json").read_text())  # type: ignore[no-any-return]
+    return {item: json.loads((out / f"{item}.json").read_text()) for item in items}
 
 
 def same_training(run: dict[str, Any], reference: dict[str, Any]) -> None:
@@ -28,11 +31,11 @@ def same_training(run: dict[str, Any], reference: dict[str, Any]) -> None:
     assert run["params"] == pytest.approx(reference["params"], abs=1e-5)
 
 
-@pytest.mark.timeout(250)
+@pytest.mark.timeout(360)
 def test_accumulation_reduce_scatters_once_per_step_and_equals_a_larger_batch(
-    tmp_path: Path,
+    speed: dict[str, Any],
 ) -> None:
-    runs = scenario(tmp_path, "accum")
+    runs = speed["accum"]
     # 4 blocks + the root: 5 reduce-scatters per optimizer step, 3 steps, counted on a spy
     # around torch.distributed's reduce-scatter (the collectives still ran).
     assert runs["accum1"]["reduce_scatters"] == 15
@@ -42,9 +45,9 @@ def test_accumulation_reduce_scatters_once_per_step_and_equals_a_larger_batch(
         same_training(runs[name], runs["accum1"])  # 4 micro-batches of 4 = 1 batch of 16
 
 
-@pytest.mark.timeout(250)
-def test_compile_under_fsdp_compiles_each_unit_not_the_root(tmp_path: Path) -> None:
-    runs = scenario(tmp_path, "compile")
+@pytest.mark.timeout(360)
+def test_compile_under_fsdp_compiles_each_unit_not_the_root(speed: dict[str, Any]) -> None:
+    runs = speed["compile"]
     assert not any(runs["eager"]["blocks_compiled"])
     for name in ("compiled", "compiled_ac"):
         result = runs[name]
@@ -54,9 +57,11 @@ def test_compile_under_fsdp_compiles_each_unit_not_the_root(tmp_path: Path) -> N
         same_training(result, runs["eager"])
 
 
-@pytest.mark.timeout(250)
-def test_tied_embeddings_in_a_factory_stay_tied_and_train_like_an_instance(tmp_path: Path) -> None:
-    runs = scenario(tmp_path, "tied")
+@pytest.mark.timeout(360)
+def test_tied_embeddings_in_a_factory_stay_tied_and_train_like_an_instance(
+    speed: dict[str, Any],
+) -> None:
+    runs = speed["tied"]
     reference = runs["ddp/instance"]
     for name in ("fsdp/factory", "fsdp/instance", "ddp/factory"):
         result = runs[name]

@@ -15,16 +15,25 @@ WORKER = str(Path(__file__).parents[1] / "support" / "large_model_worker.py")
 pytestmark = pytest.mark.dist
 
 
-def scenario(out: Path, name: str, ranks: int) -> dict[str, Any]:
-    result = run([str(VENV_BIN / "phalanx"), "run", "-n", str(ranks), WORKER, name, str(out)],
-                 timeout=100)  # fmt: skip
+def scenarios(out: Path, items: tuple[str, ...], ranks: int) -> dict[str, Any]:
+    """One launch that runs `items` in turn (scenarios.py): each one's result by its name."""
+    cmd = [str(VENV_BIN / "phalanx"), "run", "-n", str(ranks), WORKER, ",".join(items), str(out)]
+    result = run(cmd, timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads((out / f"{name}.json").read_text())  # type: ignore[no-any-return]
+    return {item: json.loads((out / f"{item}.json").read_text()) for item in items}
 
 
-@pytest.mark.timeout(150)
-def test_factory_model_is_initialised_shard_by_shard_like_an_eager_build(tmp_path: Path) -> None:
-    two, one = scenario(tmp_path / "2", "meta", 2), scenario(tmp_path / "1", "meta", 1)
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Both scenarios on 2 ranks in one launch: one start-up, not two."""
+    return scenarios(tmp_path_factory.mktemp("large"), ("meta", "ac"), ranks=2)
+
+
+@pytest.mark.timeout(300)
+def test_factory_model_is_initialised_shard_by_shard_like_an_eager_build(
+    tmp_path: Path, two_ranks: dict[str, Any]
+) -> None:
+    two, one = two_ranks["meta"], scenarios(tmp_path, ("meta",), ranks=1)["meta"]
     # reset_parameters() from train.seed on every rank: `torch.manual_seed(0); Net()` exactly,
     # under FSDP and DDP, on 1 rank and on 2.
     assert two["fsdp_init"] == two["eager"] == two["ddp_init"] == one["fsdp_init"]
@@ -40,9 +49,11 @@ def test_factory_model_is_initialised_shard_by_shard_like_an_eager_build(tmp_pat
     assert two["custom"][0] != one["custom"][0]
 
 
-@pytest.mark.timeout(150)
-def test_activation_checkpointing_recomputes_and_changes_no_gradient(tmp_path: Path) -> None:
-    runs = scenario(tmp_path, "ac", 2)  # dropout 0.2: the recompute must replay the same mask
+@pytest.mark.timeout(300)
+def test_activation_checkpointing_recomputes_and_changes_no_gradient(
+    two_ranks: dict[str, Any],
+) -> None:
+    runs = two_ranks["ac"]  # dropout 0.2: the recompute must replay the same mask
     calls = {"none": [3] * 4, "full": [6] * 4, "every:2": [3, 6, 3, 6]}  # 3 steps (+ recompute)
     reference = runs["ddp/none"]
     for key, result in runs.items():

@@ -5,6 +5,7 @@ of each rank while a model 4x its share is loaded."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -18,18 +19,30 @@ pytestmark = pytest.mark.dist
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 
-def scenario(
-    out: Path, name: str, ranks: int, *args: str, env: dict[str, str] | None = None
+def scenarios(
+    out: Path, items: tuple[str, ...], ranks: int, *args: str, env: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    cmd = [str(VENV_BIN / "phalanx"), "run", "-n", str(ranks), WORKER, name, str(out), *args]
-    result = run(cmd, timeout=100, env=base_env(env))
+    """One launch that runs `items` in turn (scenarios.py): each one's result by its name."""
+    cmd = [str(VENV_BIN / "phalanx"), "run", "-n", str(ranks), WORKER, ",".join(items), str(out),
+           *args]  # fmt: skip
+    result = run(cmd, timeout=150, env=base_env(env))
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads((out / f"{name}.json").read_text())  # type: ignore[no-any-return]
+    return {item: json.loads((out / f"{item}.json").read_text()) for item in items}
 
 
-@pytest.mark.timeout(150)
-def test_every_format_loads_into_shards_bitwise_and_exports_round_trip(tmp_path: Path) -> None:
-    result = scenario(tmp_path, "roundtrip", 2)
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The 2-rank scenarios in one launch: one start-up, not two (hf where transformers is)."""
+    has_hf = importlib.util.find_spec("transformers") is not None
+    items = ("roundtrip", "hf") if has_hf else ("roundtrip",)
+    return scenarios(tmp_path_factory.mktemp("pretrained"), items, 2)
+
+
+@pytest.mark.timeout(200)
+def test_every_format_loads_into_shards_bitwise_and_exports_round_trip(
+    two_ranks: dict[str, Any],
+) -> None:
+    result = two_ranks["roundtrip"]
     # safetensors file, HF directory with index, torch.save file; each rank reading its rows
     # (17 rows over 2 ranks: uneven shards) or rank 0 broadcasting; FSDP, DDP, an instance;
     # then 3 FSDP steps from the HF directory, exported (one file; 700-byte shards) and back.
@@ -38,10 +51,12 @@ def test_every_format_loads_into_shards_bitwise_and_exports_round_trip(tmp_path:
     assert len(result["sharded_files"]) > 3
 
 
-@pytest.mark.timeout(150)
-def test_hf_llama_fine_tuned_with_fsdp_reloads_with_from_pretrained(tmp_path: Path) -> None:
+@pytest.mark.timeout(200)
+def test_hf_llama_fine_tuned_with_fsdp_reloads_with_from_pretrained(
+    two_ranks: dict[str, Any],
+) -> None:
     pytest.importorskip("transformers")
-    result = scenario(tmp_path, "hf", 2)
+    result = two_ranks["hf"]
     assert result["loaded"]  # save_pretrained's shards into the FSDP factory model, bitwise
     assert len(result["losses"]) == 3 and result["losses"][-1] < result["losses"][0]
     assert result["reloaded_equal"]  # AutoModelForCausalLM.from_pretrained == gathered state
@@ -63,7 +78,8 @@ def test_each_rank_holds_about_its_share_while_loading(tmp_path: Path) -> None:
     # serves later ones from its heap, whose freed pages stay in the RSS; the peak then depends
     # on the allocator's history (one CI run in three saw a rank at 164 MiB, not ~80).
     fixed = {"MALLOC_MMAP_THRESHOLD_": str(2**20)}
-    result = scenario(tmp_path, "memory", 4, f"file={tmp_path / 'w.safetensors'}", env=fixed)
+    file = f"file={tmp_path / 'w.safetensors'}"
+    result = scenarios(tmp_path, ("memory",), 4, file, env=fixed)["memory"]
     assert result["slices"]["checksum"] == pytest.approx(result["broadcast"]["checksum"])
     # Peak RSS growth per rank (VmHWM after the load, reset before it): its shards (64 MiB)
     # plus the file pages of its rows that safetensors maps, ~150 MiB measured: well below

@@ -109,7 +109,7 @@ def lm_step(model: nn.Module, batch: Any) -> torch.Tensor:
 
 
 def scenario_hf(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
-    out = Path(args["out"])
+    out = Path(args["out"]) / "llama"  # beside roundtrip's files when one launch runs both
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

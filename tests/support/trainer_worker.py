@@ -1,5 +1,5 @@
-"""Worker scenarios for Trainer tests: `phalanx run -n N trainer_worker.py SCENARIO OUT [k=v...]`
-(scenarios.py: rank 0 writes OUT/<scenario>.json)."""
+"""Worker scenarios for Trainer tests: `phalanx run -n N trainer_worker.py ITEM[,ITEM...] OUT
+[k=v...]` (scenarios.py: the items in turn, rank 0 writes OUT/<item>.json for each)."""
 
 from __future__ import annotations
 
