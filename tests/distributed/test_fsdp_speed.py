@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.procs import VENV_BIN, run
+from tests.support.shared_launch import once_per_session
 
 WORKER = str(Path(__file__).parents[1] / "support" / "speed_worker.py")
 pytestmark = pytest.mark.dist
@@ -18,11 +19,15 @@ pytestmark = pytest.mark.dist
 @pytest.fixture(scope="module")
 def speed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The three scenarios in one 2-rank launch (scenarios.py): one start-up, not three."""
-    out, items = tmp_path_factory.mktemp("speed"), ("accum", "compile", "tied")
-    result = run([str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, ",".join(items), str(out)],
-                 timeout=300)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    return {item: json.loads((out / f"{item}.json").read_text()) for item in items}
+    items = ("accum", "compile", "tied")
+
+    def launch(out: Path) -> dict[str, Any]:
+        cmd = [str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, ",".join(items), str(out)]
+        result = run(cmd, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return {item: json.loads((out / f"{item}.json").read_text()) for item in items}
+
+    return once_per_session(tmp_path_factory, "fsdp_speed", launch)
 
 
 def same_training(run: dict[str, Any], reference: dict[str, Any]) -> None:

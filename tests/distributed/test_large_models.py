@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.procs import VENV_BIN, run
+from tests.support.shared_launch import once_per_session
 
 WORKER = str(Path(__file__).parents[1] / "support" / "large_model_worker.py")
 pytestmark = pytest.mark.dist
@@ -26,7 +27,9 @@ def scenarios(out: Path, items: tuple[str, ...], ranks: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Both scenarios on 2 ranks in one launch: one start-up, not two."""
-    return scenarios(tmp_path_factory.mktemp("large"), ("meta", "ac"), ranks=2)
+    return once_per_session(
+        tmp_path_factory, "large_models", lambda out: scenarios(out, ("meta", "ac"), ranks=2)
+    )
 
 
 @pytest.mark.timeout(300)

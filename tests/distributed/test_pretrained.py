@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.procs import VENV_BIN, base_env, run
+from tests.support.shared_launch import once_per_session
 
 WORKER = str(Path(__file__).parents[1] / "support" / "pretrained_worker.py")
 pytestmark = pytest.mark.dist
@@ -35,7 +36,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The 2-rank scenarios in one launch: one start-up, not two (hf where transformers is)."""
     has_hf = importlib.util.find_spec("transformers") is not None
     items = ("roundtrip", "hf") if has_hf else ("roundtrip",)
-    return scenarios(tmp_path_factory.mktemp("pretrained"), items, 2)
+    return once_per_session(tmp_path_factory, "pretrained", lambda out: scenarios(out, items, 2))
 
 
 @pytest.mark.timeout(200)

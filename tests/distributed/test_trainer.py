@@ -15,6 +15,7 @@ from phalanx.config import load
 from phalanx.config.training import TrainerConfig
 from phalanx.errors import UsageError
 from tests.support.procs import VENV_BIN, base_env, run
+from tests.support.shared_launch import once_per_session
 
 WORKER = str(Path(__file__).parents[1] / "support" / "trainer_worker.py")
 pytestmark = pytest.mark.dist
@@ -40,12 +41,16 @@ LAUNCH_TIMEOUT_S = 240
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return scenarios(tmp_path_factory.mktemp("two_ranks"), TWO_RANKS, ranks=2)
+    return once_per_session(
+        tmp_path_factory, "trainer_two_ranks", lambda out: scenarios(out, TWO_RANKS, ranks=2)
+    )
 
 
 @pytest.fixture(scope="module")
 def three_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return scenarios(tmp_path_factory.mktemp("three_ranks"), THREE_RANKS, ranks=3)
+    return once_per_session(
+        tmp_path_factory, "trainer_three_ranks", lambda out: scenarios(out, THREE_RANKS, ranks=3)
+    )
 
 
 def max_diff(a: list[float], b: list[float]) -> float:
