@@ -34,12 +34,17 @@ from torch.nn.parallel import DistributedDataParallel
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "fsdp_llama_train.py"
-KEYS = ("step_ms", "tok_per_s_per_gpu", "mfu_vs_989T", "peak_mem_GiB", "rank_peak_rss_GiB",
-        "rss_beyond_shard_GiB", "launch_to_first_step_s", "trainer_s", "wall_s")  # fmt: skip
+KEYS = ("step_ms", "tok_per_s_per_gpu", "mfu_vs_989T", "mfu_attn_vs_989T", "peak_mem_GiB",
+        "rank_peak_rss_GiB", "rss_beyond_shard_GiB", "launch_to_first_step_s", "trainer_s",
+        "wall_s")  # fmt: skip
 PHALANX_VARIANTS = {
     "eager": [],
     "ac": ["train.activation_checkpointing=full"],
     "compile": ["train.compile=true"],
+    # Float8 (torchao, tensorwise or rowwise scales) on every block Linear, compiled as it is
+    # meant to run; the head stays bf16 (phalanx.train.float8).
+    "fp8": ["train.compile=true", "train.precision=fp8"],
+    "fp8_rowwise": ["train.compile=true", "train.precision=fp8", "train.fp8_recipe=rowwise"],
 }
 
 
@@ -244,12 +249,26 @@ def goals(table: dict[str, Any], size: str) -> dict[str, tuple[str, bool]]:
         share = f"{compiled / ref_tok:.1%} ({compiled:.0f} tokens/s/GPU)"
         name = "per-block compile >= 115% of the eager hand loop"
         out[name] = (share, compiled >= 1.15 * ref_tok)
+    return out | fp8_goals(table, ours)
+
+
+def fp8_goals(table: dict[str, Any], ours: str) -> dict[str, tuple[str, bool]]:
+    """Float8 + compile against the Trainer's own bf16 eager and bf16 compiled runs."""
+    out: dict[str, tuple[str, bool]] = {}
+    for variant in ("fp8", "fp8_rowwise"):
+        tok = _median(table, ours + variant, "tok_per_s_per_gpu")
+        for base, goal in (("eager", 1.30), ("compile", 1.15)):
+            base_tok = _median(table, ours + base, "tok_per_s_per_gpu")
+            if tok and base_tok:
+                name = f"{variant} >= {goal:.2f}x bf16 {base}"
+                out[name] = (f"{tok / base_tok:.3f}x", tok >= goal * base_tok)
     return out
 
 
 def report(result: dict[str, Any]) -> None:
     print(f"\n{result['device']}, {result['nproc']} ranks, {result['reps']} repetitions, medians")
-    short = {"tok_per_s_per_gpu": "tok/s/GPU", "mfu_vs_989T": "MFU", "peak_mem_GiB": "GPU GiB",
+    short = {"tok_per_s_per_gpu": "tok/s/GPU", "mfu_vs_989T": "MFU", "mfu_attn_vs_989T": "MFU+attn",
+             "peak_mem_GiB": "GPU GiB",
              "rank_peak_rss_GiB": "RSS GiB", "rss_beyond_shard_GiB": ">shard",
              "launch_to_first_step_s": "1st step s", "trainer_s": "init s",
              "step_ms": "step ms", "wall_s": "job s"}  # fmt: skip
@@ -275,7 +294,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--nproc", type=int, default=2, help="ranks (GPUs) on this node")
     parser.add_argument("--size", default="7b", choices=sorted(LLAMA_SIZES))
     parser.add_argument("--pair-size", default="3b", help="DDP/FSDP crossover size; '' skips it")
-    parser.add_argument("--variants", default="eager,ac,compile", help="of eager,ac,compile")
+    parser.add_argument("--variants", default="eager,ac,compile",
+                        help=f"of {','.join(PHALANX_VARIANTS)}")  # fmt: skip
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per torchrun job")

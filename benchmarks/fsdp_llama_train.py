@@ -93,9 +93,11 @@ def train(d: phalanx.Dist, cfg: Config, record: dict[str, Any]) -> None:
     last = bench.warmup + bench.steps
     step_s = (marks.at[last] - marks.at[bench.warmup]) / bench.steps
     tok_gpu = cfg.data.batch_size * bench.seq / step_s
+    flops = models.llama_flops_per_token(bench.size, bench.seq)
     record.update(
         step_ms=round(step_s * 1e3, 1), tok_per_s_per_gpu=round(tok_gpu),
         mfu_vs_989T=round(tok_gpu * 6 * llama_params(bench.size, bench.seq) / PEAK_FLOPS, 3),
+        mfu_attn_vs_989T=round(tok_gpu * flops / PEAK_FLOPS, 3),
         loss=round(float(history[-1]["loss"]), 3),
         launch_to_first_step_s=marks.at[1] - (bench.t0 or STARTED),
     )  # fmt: skip

@@ -50,6 +50,13 @@ def llama_params(size: str, seq: int) -> int:
     return layers * (4 * width * width + 3 * width * hidden) + 2 * vocab * width + seq * width
 
 
+def llama_flops_per_token(size: str, seq: int) -> float:
+    """Training FLOPs per token as torchtitan counts them: 6N plus the attention scores and
+    their weighted sum, 12 · layers · width · seq (forward and backward, no causal discount)."""
+    layers, width, *_ = LLAMA_SIZES[size]
+    return 6 * llama_params(size, seq) + 12 * layers * width * seq
+
+
 class Attention(nn.Module):
     """Causal multi-head self-attention with one fused QKV projection."""
 

@@ -70,6 +70,7 @@ _ON_FIRST_USE = {
         "ParallelLayout",
         "WrapOptions",
         "build_layout",
+        "linear_cross_entropy",
         "masked_step",
         "model_state_dict",
         "optimizer_step",
@@ -135,6 +136,7 @@ if TYPE_CHECKING:
     from phalanx.train import WrapOptions as WrapOptions
     from phalanx.train import build_layout as build_layout
     from phalanx.train import evaluate as evaluate
+    from phalanx.train import linear_cross_entropy as linear_cross_entropy
     from phalanx.train import masked_step as masked_step
     from phalanx.train import model_state_dict as model_state_dict
     from phalanx.train import optimizer_step as optimizer_step

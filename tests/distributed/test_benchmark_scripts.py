@@ -147,3 +147,13 @@ def test_pretrained_load_reads_slices_and_broadcasts(tmp_path: Path) -> None:
     for method in ("slices", "broadcast"):
         (rep,) = got[method]
         assert rep["seconds"] > 0 and len(rep["peak_rss_growth_mb"]) == 2
+
+
+@pytest.mark.timeout(150)
+def test_fused_loss_compares_each_side_on_the_same_loss(tmp_path: Path) -> None:
+    script("fused_loss.py", "--reps", "2", "--out", str(tmp_path / "f.json"), timeout=140)
+    (case,) = record(tmp_path / "f.json")["cases"]
+    assert set(case["table"]) == {"plain", "chunked", "chunked_compiled"}
+    assert all(rows["ms"]["n"] == 2 for rows in case["table"].values())
+    plain = case["losses"]["plain"]
+    assert all(abs(loss - plain) <= 1e-5 * plain for loss in case["losses"].values())

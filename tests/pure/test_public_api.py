@@ -23,7 +23,8 @@ EXPECTED = {
     # Building blocks of a hand-written loop.
     "wrap_model", "build_layout", "ParallelLayout", "ModelInit", "WrapOptions",
     "unwrap", "model_state_dict", "Precision", "NanGuard", "Metrics", "StepParts",
-    "optimizer_step", "masked_step", "evaluate", "Checkpointer", "CheckpointStore",
+    "optimizer_step", "masked_step", "evaluate", "linear_cross_entropy", "Checkpointer",
+    "CheckpointStore",
     "ControlPlane", "PreemptionWatcher", "HangWatch", "make_train_loader", "make_eval_loader",
     "GlobalOrderSampler", "EvalSampler", "ShardedIterable", "seed_everything",
     # Collectives.

@@ -15,9 +15,13 @@ from phalanx.config.parallel import ParallelConfig
 from phalanx.config.schema import Config, check_choice
 from phalanx.errors import UsageError
 
-PrecisionName = Literal["fp32", "bf16", "fp16"]
+PrecisionName = Literal["fp32", "bf16", "fp16", "fp8"]
 """train.precision; the class that applies it is phalanx.Precision."""
 PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
+Fp8Recipe = Literal["tensorwise", "rowwise"]
+"""torchao's float8 recipes: one scale per tensor (fastest; float8 all-gather under FSDP) or
+one per row (closer to bf16 numerics, slower scaling)."""
+FP8_RECIPES: tuple[str, ...] = get_args(Fp8Recipe)
 Strategy = Literal["auto", "single", "ddp", "fsdp", "hsdp"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 SHARDED_STRATEGIES = ("fsdp", "hsdp")
@@ -53,7 +57,14 @@ class TrainConfig:
     clip_grad_norm: float = 0.0
     """Clip the global gradient norm to this value; 0: no clipping (the norm is still logged)."""
     precision: PrecisionName = "fp32"
-    """fp32, bf16 (autocast) or fp16 (autocast + GradScaler)."""
+    """fp32, bf16 (autocast), fp16 (autocast + GradScaler) or fp8 (bf16 autocast, the Linear
+    layers' matmuls in float8 through torchao: CUDA GPUs of compute capability 8.9+)."""
+    fp8_recipe: Fp8Recipe = "tensorwise"
+    """train.precision=fp8: tensorwise (one scale per tensor, fastest) or rowwise (one per row:
+    closer to bf16)."""
+    fp8_all_gather: bool = False
+    """train.precision=fp8, tensorwise, FSDP: gather the float8 layers' weights in float8 (half
+    of bf16's bytes). Off by default: on one GPU it made the step slower (docs/results.md)."""
     strategy: Strategy = "auto"
     """auto (ddp with several ranks, else single), single, ddp, fsdp (FSDP2: parameters,
     gradients and optimizer state sharded over the ranks; needs checkpoint.sharded=true) or
@@ -127,6 +138,7 @@ class TrainConfig:
         check_choice("train.init_from_read", self.init_from_read, get_args(InitFromRead))
         check_compile_mode(self.compile_mode, compile=self.compile, strategy=self.strategy)
         checkpoint_every(self.activation_checkpointing)
+        self._check_fp8()
         if self.strategy in SHARDED_STRATEGIES and self.precision == "fp16":
             raise UsageError(
                 f"config train.precision=fp16 is not supported with train.strategy="
@@ -150,6 +162,14 @@ class TrainConfig:
             ("train.hang_timeout_s", self.hang_timeout_s, 0),
         ):
             _at_least(key, value, low)
+
+    def _check_fp8(self) -> None:
+        check_choice("train.fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+        if self.fp8_all_gather and (self.precision != "fp8" or self.fp8_recipe != "tensorwise"):
+            raise UsageError(
+                "config train.fp8_all_gather=true needs train.precision=fp8 with "
+                f"train.fp8_recipe=tensorwise (got {self.precision}, {self.fp8_recipe})"
+            )
 
 
 def check_compile_mode(mode: str, *, compile: bool, strategy: str) -> None:

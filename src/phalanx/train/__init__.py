@@ -3,6 +3,7 @@
 from phalanx.checkpoint.position import TrainState
 from phalanx.train.callbacks import Callback
 from phalanx.train.evaluate import evaluate
+from phalanx.train.fused_loss import linear_cross_entropy
 from phalanx.train.guard import NanGuard, NonFiniteError, masked_step
 from phalanx.train.layout import ParallelLayout, build_layout
 from phalanx.train.metrics import Metrics
@@ -26,6 +27,7 @@ __all__ = [
     "WrapOptions",
     "build_layout",
     "evaluate",
+    "linear_cross_entropy",
     "masked_step",
     "model_state_dict",
     "optimizer_step",

@@ -107,11 +107,12 @@ def check_shardable(model: nn.Module, units: list[nn.Module], precision: str) ->
 def _policy(precision: str) -> MixedPrecisionPolicy:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if precision not in ("fp32", "bf16"):
-        raise UsageError(f"precision={precision!r} with FSDP: use fp32 or bf16")
+    if precision not in ("fp32", "bf16", "fp8"):
+        raise UsageError(f"precision={precision!r} with FSDP: use fp32, bf16 or fp8")
+    low = precision != "fp32"  # fp8: bf16 outside its float8 matmuls
     return MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16 if precision == "bf16" else None,
-        reduce_dtype=torch.float32 if precision == "bf16" else None,
+        param_dtype=torch.bfloat16 if low else None,
+        reduce_dtype=torch.float32 if low else None,
     )
 
 

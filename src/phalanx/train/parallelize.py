@@ -1,6 +1,7 @@
 """One parallelize pipeline for every layout, straight down:
 
-    units → tensor parallel plan → activation checkpointing → compile → FSDP or DDP → storage
+    units → tensor parallel plan → float8 → activation checkpointing → compile → FSDP or DDP
+          → storage
 
 Each stage is one small function and runs only where the layout calls for it
 (phalanx.train.layout). The units (phalanx.train.units) are picked once and handed to every
@@ -29,6 +30,7 @@ from phalanx.errors import UsageError
 from phalanx.train import fsdp
 from phalanx.train.activation_checkpoint import checkpoint_units
 from phalanx.train.compiling import compile_units
+from phalanx.train.float8 import Fp8Filter, check_float8, convert_float8
 from phalanx.train.layout import ParallelLayout, build_layout
 from phalanx.train.meta_init import (
     InitFn,
@@ -79,6 +81,11 @@ class WrapOptions:
     ddp_static_graph: bool = False
     ddp_bucket_mb: float = 25.0
     ddp_broadcast_buffers: bool = True
+    fp8_recipe: str = "tensorwise"
+    fp8_all_gather: bool = False
+    fp8_filter: Fp8Filter | None = None
+    """precision=fp8: which Linear layers run in float8 (phalanx.train.float8); None: all but
+    the vocabulary projection."""
 
     def __post_init__(self) -> None:
         checkpoint_every(self.activation_checkpointing)
@@ -91,7 +98,8 @@ class WrapOptions:
             activation_checkpointing=train.activation_checkpointing, units=train.fsdp_units,
             reshard_after_forward=train.fsdp_reshard_after_forward,
             ddp_static_graph=train.ddp_static_graph, ddp_bucket_mb=train.ddp_bucket_mb,
-            ddp_broadcast_buffers=train.ddp_broadcast_buffers,
+            ddp_broadcast_buffers=train.ddp_broadcast_buffers, fp8_recipe=train.fp8_recipe,
+            fp8_all_gather=train.fp8_all_gather,
         )  # fmt: skip
 
 
@@ -124,6 +132,9 @@ def wrap_model(
         from phalanx.train.tp_plan import apply_tp
 
         apply_tp(module, layout.tp_mesh, tp_plan)
+    if options.precision == "fp8":
+        convert_float8(module, recipe=options.fp8_recipe, module_filter=options.fp8_filter,
+                       all_gather=options.fp8_all_gather and layout.fsdp)  # fmt: skip
     checkpoint_units(units, options.activation_checkpointing)
     if not sharded:
         return _whole(module, layout, fresh=fresh, init=init, init_weights=init_weights,
@@ -136,6 +147,8 @@ def wrap_model(
 
 
 def _check_combination(layout: ParallelLayout, options: WrapOptions) -> None:
+    if options.precision == "fp8":
+        check_float8(layout.device, tp=layout.sizes.tp)
     if layout.sizes.tp > 1 and options.compile and options.activation_checkpointing != "none":
         # torch 2.13's compiler raises an AssertionError on the checkpointed DTensor blocks.
         raise UsageError(

@@ -1,4 +1,5 @@
-"""One switch for numeric precision: fp32, bf16 autocast, fp16 autocast + GradScaler."""
+"""One switch for numeric precision: fp32, bf16 autocast, fp16 autocast + GradScaler; fp8 is
+bf16 autocast here, its float8 layers are swapped in by the parallelize pipeline (float8.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ class Precision:
     def __init__(self, mode: str, device: torch.device) -> None:
         self.mode = mode
         self.device_type = device.type
-        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode)
+        self.dtype = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}.get(
+            mode
+        )
         self.scaler = torch.amp.GradScaler(device.type) if mode == "fp16" else None
         # fp16 overflow skips counted on the device; read at logging points only.
         self.scaler_skips = torch.zeros((), dtype=torch.int64, device=device)

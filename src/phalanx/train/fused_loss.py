@@ -1,0 +1,111 @@
+"""Output head + cross-entropy without the full logits: `linear_cross_entropy(hidden, weight,
+labels)` equals `F.cross_entropy(hidden @ weight.T, labels)` (mean over the labelled tokens), but
+computes the logits a chunk of tokens at a time, in fp32, and turns each chunk into its share of
+the gradients at once. At a 128k vocabulary the full fp32 logits (and their gradient) are
+4 × 128k bytes per token — often the largest tensors of a step; here only one chunk's exist.
+
+The gradients are computed in the forward (the backward only scales them by the incoming
+gradient), as Liger's fused linear cross-entropy does, so no logits are recomputed. The price:
+gradients for `hidden` and `weight` are held from the forward to the backward (the sizes of
+`hidden` and `weight`, not of the logits), and the loss must be used once, as a scalar.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    chunk_tokens: int = 4096,
+    ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:
+    """Mean cross-entropy of `hidden @ weight.T (+ bias)` against `labels` over the tokens whose
+    label is not `ignore_index`. hidden: (..., dim); weight: (vocab, dim); labels: hidden's
+    leading shape. Gradients flow to hidden, weight and bias."""
+    if labels.shape != hidden.shape[:-1]:
+        raise ValueError(
+            f"linear_cross_entropy: labels {tuple(labels.shape)} must match hidden's leading "
+            f"dimensions {tuple(hidden.shape[:-1])}"
+        )
+    if chunk_tokens < 1:
+        raise ValueError(f"linear_cross_entropy: chunk_tokens={chunk_tokens} must be >= 1")
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    loss: torch.Tensor = _LinearCrossEntropy.apply(  # type: ignore[no-untyped-call]
+        flat, weight, bias, labels.reshape(-1), chunk_tokens, ignore_index
+    )
+    return loss
+
+
+def _chunk_grads(
+    rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+    ignore_index: int, scale: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """One chunk: its summed loss and d(loss·scale)/d(logits), in fp32."""
+    logits = (rows @ weight.t()).float()
+    if bias is not None:
+        logits = logits + bias.float()
+    valid = labels != ignore_index
+    target = torch.where(valid, labels, 0)
+    lse = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(1, target.unsqueeze(1)).squeeze(1)
+    loss = ((lse - picked) * valid).sum()
+    grad = torch.softmax(logits, dim=-1)
+    grad.scatter_add_(1, target.unsqueeze(1), -torch.ones_like(picked).unsqueeze(1))
+    grad.mul_((valid.float() * scale).unsqueeze(1))
+    return loss, grad
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+        labels: torch.Tensor, chunk_tokens: int, ignore_index: int,
+    ) -> torch.Tensor:  # fmt: skip
+        count = (labels != ignore_index).sum().clamp(min=1)
+        scale = 1.0 / count.float()
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32)
+        grad_bias = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
+        for start in range(0, hidden.shape[0], chunk_tokens):
+            rows = hidden[start : start + chunk_tokens]
+            loss, grad = _chunk_grads(
+                rows, weight, bias, labels[start : start + chunk_tokens], ignore_index, scale
+            )
+            total += loss
+            grad_hidden[start : start + chunk_tokens] = (grad.to(weight.dtype) @ weight).to(
+                hidden.dtype
+            )
+            grad_weight += grad.t() @ rows.float()
+            if grad_bias is not None:
+                grad_bias += grad.sum(0)
+        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+        ctx.grad_bias = None if grad_bias is None or bias is None else grad_bias.to(bias.dtype)
+        return total * scale
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        grad_hidden, grad_weight = ctx.saved_tensors
+        grad_bias = None if ctx.grad_bias is None else ctx.grad_bias * grad_out
+        return grad_hidden * grad_out, grad_weight * grad_out, grad_bias, None, None, None
+
+
+def reference_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+    bias: torch.Tensor | None = None, ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:  # fmt: skip
+    """The plain computation linear_cross_entropy replaces (full fp32 logits), for comparison."""
+    logits = F.linear(hidden, weight, bias).float()
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=ignore_index
+    )
