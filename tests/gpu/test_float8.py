@@ -34,12 +34,16 @@ def test_fp8_fsdp_compiled_trains_and_resumes_in_bf16(tmp_path: Path) -> None:
     r = json.loads((tmp_path / "float8.json").read_text())
     for name in ("tensorwise", "rowwise", "all_gather"):
         losses = r[name]["losses"]
-        assert len(losses) == 20 and all(math.isfinite(x) for x in losses), (name, losses)
+        assert (
+            r[name]["first_step"] == 1
+            and len(losses) == 20
+            and all(math.isfinite(x) for x in losses)
+        ), (name, losses)
         assert losses[-1] < 0.8 * losses[0], (name, losses)
         # Both blocks' two Linear layers; the head stays in bf16.
         assert r[name]["float8_layers"] == 4 and r[name]["head"] == "Linear", r[name]
     resumed = r["bf16_resume"]
-    assert resumed["start"] == 20 and resumed["float8_layers"] == 0
+    assert resumed["first_step"] == 21 and resumed["float8_layers"] == 0
     assert len(resumed["losses"]) == 4 and all(math.isfinite(x) for x in resumed["losses"])
     # It goes on from the fp8 run's weights, not from scratch.
     assert resumed["losses"][0] < 0.8 * r["tensorwise"]["losses"][0]

@@ -140,3 +140,12 @@ def test_fused_loss_refuses_mismatched_labels() -> None:
     hidden, weight, labels = fused_case(False)
     with pytest.raises(ValueError, match="must match hidden's leading dimensions"):
         linear_cross_entropy(hidden, weight, labels[:, :-1])
+
+
+def test_fused_loss_names_what_the_liger_kernel_needs() -> None:
+    hidden, weight, labels = fused_case(False)
+    with pytest.raises(ValueError, match="needs a CUDA tensor and liger-kernel"):
+        linear_cross_entropy(hidden, weight, labels, kernel="liger")
+    # auto on a CPU tensor: the chunked kernel, the same loss.
+    auto = linear_cross_entropy(hidden, weight, labels)
+    assert auto.item() == pytest.approx(reference_cross_entropy(hidden, weight, labels).item())

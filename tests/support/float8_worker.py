@@ -62,12 +62,11 @@ def train(d: phalanx.Dist, run_dir: Path, *overrides: str) -> dict[str, Any]:
         d, config=cfg, model=Decoder, train_data=data, train_step=step,
         optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
     )  # fmt: skip
-    start = trainer.state.step
-    history = trainer.fit()
+    history = [h for h in trainer.fit() if "loss" in h]
     kinds = [type(m).__name__ for m in unwrap(trainer.model).modules()]
     return {
-        "start": start,
-        "losses": [h["loss"] for h in history if "loss" in h],
+        "first_step": history[0]["step"],
+        "losses": [h["loss"] for h in history],
         "float8_layers": kinds.count("Float8Linear"),
         "head": type(unwrap(trainer.model).head).__name__,
     }

@@ -1,23 +1,26 @@
 """Output head + cross-entropy without the full logits: `linear_cross_entropy(hidden, weight,
-labels)` equals `F.cross_entropy(hidden @ weight.T, labels)` (mean over the labelled tokens), but
-computes the logits a chunk of tokens at a time, in fp32, and turns each chunk into its share of
-the gradients at once. At a 128k vocabulary the full fp32 logits (and their gradient) are
-4 × 128k bytes per token — often the largest tensors of a step; here only one chunk's exist.
+labels)` equals `F.cross_entropy(hidden @ weight.T, labels)` (mean over the labelled tokens)
+without ever holding the whole (tokens × vocabulary) logits. At a 128k vocabulary the full fp32
+logits (and their gradient) are 4 × 128k bytes per token — often the largest tensors of a step.
 
-The gradients are computed in the forward (the backward only scales them by the incoming
-gradient), as Liger's fused linear cross-entropy does, so no logits are recomputed. The price:
-gradients for `hidden` and `weight` are held from the forward to the backward (the sizes of
-`hidden` and `weight`, not of the logits), and the loss must be used once, as a scalar.
+Two kernels, measured against each other in benchmarks/fused_loss.py: Liger's fused linear
+cross-entropy (Triton; CUDA with liger-kernel installed: the faster and smaller one, used by
+default where it can run), and a chunked one in plain torch (everywhere else): the logits a
+chunk of tokens at a time, in fp32, each chunk turned into its share of the gradients at once.
+Both compute the gradients in the forward (the backward only scales them), so no logits are
+recomputed; the loss must be used once, as a scalar.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib.util
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
+Kernel = Literal["auto", "liger", "chunked"]
 
 
 def linear_cross_entropy(
@@ -28,10 +31,12 @@ def linear_cross_entropy(
     bias: torch.Tensor | None = None,
     chunk_tokens: int = 4096,
     ignore_index: int = IGNORE_INDEX,
+    kernel: Kernel = "auto",
 ) -> torch.Tensor:
     """Mean cross-entropy of `hidden @ weight.T (+ bias)` against `labels` over the tokens whose
     label is not `ignore_index`. hidden: (..., dim); weight: (vocab, dim); labels: hidden's
-    leading shape. Gradients flow to hidden, weight and bias."""
+    leading shape. Gradients flow to hidden, weight and bias. kernel: auto (Liger's on CUDA
+    where liger-kernel is installed, else chunked), liger, or chunked (`chunk_tokens` a chunk)."""
     if labels.shape != hidden.shape[:-1]:
         raise ValueError(
             f"linear_cross_entropy: labels {tuple(labels.shape)} must match hidden's leading "
@@ -40,10 +45,31 @@ def linear_cross_entropy(
     if chunk_tokens < 1:
         raise ValueError(f"linear_cross_entropy: chunk_tokens={chunk_tokens} must be >= 1")
     flat = hidden.reshape(-1, hidden.shape[-1])
+    if _use_liger(kernel, hidden):
+        from liger_kernel.transformers.fused_linear_cross_entropy import (  # type: ignore[import-not-found]
+            LigerFusedLinearCrossEntropyLoss,
+        )
+
+        liger = LigerFusedLinearCrossEntropyLoss(ignore_index=ignore_index)
+        return liger(weight, flat, labels.reshape(-1), bias)  # type: ignore[no-any-return]
     loss: torch.Tensor = _LinearCrossEntropy.apply(  # type: ignore[no-untyped-call]
         flat, weight, bias, labels.reshape(-1), chunk_tokens, ignore_index
     )
     return loss
+
+
+def _use_liger(kernel: str, hidden: torch.Tensor) -> bool:
+    if kernel not in ("auto", "liger", "chunked"):
+        raise ValueError(f"linear_cross_entropy: kernel={kernel!r} is not auto, liger or chunked")
+    if kernel == "chunked":
+        return False
+    usable = hidden.is_cuda and importlib.util.find_spec("liger_kernel") is not None
+    if kernel == "liger" and not usable:
+        raise ValueError(
+            "linear_cross_entropy: kernel='liger' needs a CUDA tensor and liger-kernel "
+            "(pip install liger-kernel); kernel='chunked' runs anywhere"
+        )
+    return usable
 
 
 def _chunk_grads(
@@ -83,12 +109,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 rows, weight, bias, labels[start : start + chunk_tokens], ignore_index, scale
             )
             total += loss
-            grad_hidden[start : start + chunk_tokens] = (grad.to(weight.dtype) @ weight).to(
-                hidden.dtype
-            )
-            grad_weight += grad.t() @ rows.float()
+            grad = grad.to(weight.dtype)  # the two gradient matmuls at the inputs' precision
+            grad_hidden[start : start + chunk_tokens] = (grad @ weight).to(hidden.dtype)
+            grad_weight += grad.t() @ rows.to(weight.dtype)
             if grad_bias is not None:
-                grad_bias += grad.sum(0)
+                grad_bias += grad.float().sum(0)
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         ctx.grad_bias = None if grad_bias is None or bias is None else grad_bias.to(bias.dtype)
         return total * scale
