@@ -116,15 +116,11 @@ def test_a_master_addr_that_does_not_resolve_is_one_line_at_once(tmp_path: Path)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(
-    "launch",
-    [["torchrun", "--standalone", "--nproc_per_node=2"], ["phalanx", "run", "-n", "2"]],
-    ids=["plain-torchrun", "phalanx-run"],
-)
-def test_start_error_under_torchrun_is_one_line_of_ours(launch: list[str]) -> None:
-    command = [str(VENV_BIN / launch[0]), *launch[1:], WORKER, "60", "--launcher", "slurm"]
+def test_start_error_under_torchrun_is_one_line_of_ours() -> None:
+    """Plain torchrun: its own exit code (1) and failure summary, our line as the cause."""
+    command = [str(VENV_BIN / "torchrun"), "--standalone", "--nproc_per_node=2", WORKER, "60",
+               "--launcher", "slurm"]  # fmt: skip
     result = run(command, timeout=90, env=base_env())
-    # torchrun's own exit code and failure summary: it reports any failed worker that way.
     assert result.returncode == 1, result.stderr
     # torchrun's summary shows each failed worker's error file: our line, as the cause. A
     # worker writes it before it exits, so the first failure (the root cause) always has it.
@@ -137,3 +133,16 @@ def test_start_error_under_torchrun_is_one_line_of_ours(launch: list[str]) -> No
     assert error_lines(result.stderr) in ([], [line]), result.stderr
     assert "phalanx.errors.UsageError" not in result.stderr, result.stderr
     assert "To enable traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_start_error_under_phalanx_run_exits_2_with_our_line_alone() -> None:
+    """`phalanx run` (phalanx.launch.torchrun_entry): a usage error on every rank is the job's
+    exit code 2, as without a launcher; no failure summary, no traceback."""
+    command = [str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, "60", "--launcher", "slurm"]
+    result = run(command, timeout=90, env=base_env())
+    assert result.returncode == 2, result.stderr
+    (line,) = set(error_lines(result.stderr))
+    assert "launcher 'slurm' was asked for but its variables are missing" in line, line
+    for noise in ("Traceback", "Root Cause", "phalanx.errors.UsageError"):
+        assert noise not in result.stderr, result.stderr
