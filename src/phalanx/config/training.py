@@ -64,7 +64,7 @@ class TrainConfig:
     closer to bf16)."""
     fp8_all_gather: bool = False
     """train.precision=fp8, tensorwise, FSDP: gather the float8 layers' weights in float8 (half
-    of bf16's bytes). Off by default: on one GPU it made the step slower (docs/results.md)."""
+    of bf16's bytes). Off by default: on one GPU it made the step slower (docs/training.md)."""
     strategy: Strategy = "auto"
     """auto (ddp with several ranks, else single), single, ddp, fsdp (FSDP2: parameters,
     gradients and optimizer state sharded over the ranks; needs checkpoint.sharded=true) or

@@ -19,6 +19,8 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from phalanx.errors import UsageError
+
 IGNORE_INDEX = -100
 Kernel = Literal["auto", "liger", "chunked"]
 
@@ -38,12 +40,12 @@ def linear_cross_entropy(
     leading shape. Gradients flow to hidden, weight and bias. kernel: auto (Liger's on CUDA
     where liger-kernel is installed, else chunked), liger, or chunked (`chunk_tokens` a chunk)."""
     if labels.shape != hidden.shape[:-1]:
-        raise ValueError(
+        raise UsageError(
             f"linear_cross_entropy: labels {tuple(labels.shape)} must match hidden's leading "
             f"dimensions {tuple(hidden.shape[:-1])}"
         )
     if chunk_tokens < 1:
-        raise ValueError(f"linear_cross_entropy: chunk_tokens={chunk_tokens} must be >= 1")
+        raise UsageError(f"linear_cross_entropy: chunk_tokens={chunk_tokens} must be >= 1")
     flat = hidden.reshape(-1, hidden.shape[-1])
     if _use_liger(kernel, hidden):
         from liger_kernel.transformers.fused_linear_cross_entropy import (  # type: ignore[import-not-found]
@@ -60,12 +62,12 @@ def linear_cross_entropy(
 
 def _use_liger(kernel: str, hidden: torch.Tensor) -> bool:
     if kernel not in ("auto", "liger", "chunked"):
-        raise ValueError(f"linear_cross_entropy: kernel={kernel!r} is not auto, liger or chunked")
+        raise UsageError(f"linear_cross_entropy: kernel={kernel!r} is not auto, liger or chunked")
     if kernel == "chunked":
         return False
     usable = hidden.is_cuda and importlib.util.find_spec("liger_kernel") is not None
     if kernel == "liger" and not usable:
-        raise ValueError(
+        raise UsageError(
             "linear_cross_entropy: kernel='liger' needs a CUDA tensor and liger-kernel "
             "(pip install liger-kernel); kernel='chunked' runs anywhere"
         )

@@ -15,9 +15,9 @@ class Precision:
     def __init__(self, mode: str, device: torch.device) -> None:
         self.mode = mode
         self.device_type = device.type
-        self.dtype = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}.get(
-            mode
-        )
+        # fp8: bf16 autocast around torchao's float8 layers.
+        low = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}
+        self.dtype = low.get(mode)
         self.scaler = torch.amp.GradScaler(device.type) if mode == "fp16" else None
         # fp16 overflow skips counted on the device; read at logging points only.
         self.scaler_skips = torch.zeros((), dtype=torch.int64, device=device)
