@@ -120,9 +120,11 @@ def convert_float8(
             "torchao gathers float8 weights only with one scale per tensor"
         )
     names = set(converted_names(model, module_filter))
-    config = Float8LinearConfig.from_recipe_name(recipe)
-    if all_gather:
-        config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    config = (
+        Float8LinearConfig(enable_fsdp_float8_all_gather=True)  # tensorwise, as checked above
+        if all_gather
+        else Float8LinearConfig.from_recipe_name(recipe)
+    )
     convert_to_float8_training(
         model, config=config, module_filter_fn=lambda module, name: name in names
     )

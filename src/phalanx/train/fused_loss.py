@@ -13,6 +13,7 @@ recomputed; the loss must be used once, as a scalar.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import Any, Literal
 
@@ -65,13 +66,19 @@ def _use_liger(kernel: str, hidden: torch.Tensor) -> bool:
         raise UsageError(f"linear_cross_entropy: kernel={kernel!r} is not auto, liger or chunked")
     if kernel == "chunked":
         return False
-    usable = hidden.is_cuda and importlib.util.find_spec("liger_kernel") is not None
+    usable = hidden.is_cuda and _liger_installed()
     if kernel == "liger" and not usable:
         raise UsageError(
             "linear_cross_entropy: kernel='liger' needs a CUDA tensor and liger-kernel "
             "(pip install liger-kernel); kernel='chunked' runs anywhere"
         )
     return usable
+
+
+@functools.cache
+def _liger_installed() -> bool:
+    """Looked up once per process, not at every step's loss."""
+    return importlib.util.find_spec("liger_kernel") is not None
 
 
 def _chunk_grads(
@@ -117,7 +124,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if grad_bias is not None:
                 grad_bias += grad.float().sum(0)
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
-        ctx.grad_bias = None if grad_bias is None or bias is None else grad_bias.to(bias.dtype)
+        ctx.grad_bias = None if bias is None or grad_bias is None else grad_bias.to(bias.dtype)
         return total * scale
 
     @staticmethod
