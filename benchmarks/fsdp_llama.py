@@ -2,7 +2,8 @@
 the same model (Llama-2-7B's shape at --size 7b) and step.
 
     python benchmarks/fsdp_llama.py [--nproc 2] [--size 7b] [--pair-size 3b]
-        [--variants eager,ac,compile] [--reps 3] [--seq 2048] [--out PATH] [-- overrides]
+        [--variants eager,ac,compile] [--reps 3] [--seq 2048] [--no-hand] [--out PATH]
+        [-- overrides]
 
 The baseline is this file's `hand` command (`hand_build`, `hand_main`: torch alone, the model
 built as torchtitan builds one that does not fit a GPU); the Trainer's side is
@@ -53,7 +54,7 @@ def cases(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for variant in args.variants.split(","):
         assert variant in PHALANX_VARIANTS, f"--variants: {variant} not in {list(PHALANX_VARIANTS)}"
-        if variant in ("eager", "ac"):
+        if variant in ("eager", "ac") and args.hand:
             out.append(dict(impl="hand", mode="fsdp", size=args.size, variant=variant))
         out.append(dict(impl="phalanx", mode="fsdp", size=args.size, variant=variant))
     if args.pair_size:
@@ -296,6 +297,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--pair-size", default="3b", help="DDP/FSDP crossover size; '' skips it")
     parser.add_argument("--variants", default="eager,ac,compile",
                         help=f"of {','.join(PHALANX_VARIANTS)}")  # fmt: skip
+    parser.add_argument(
+        "--no-hand",
+        dest="hand",
+        action="store_false",
+        help="skip the hand loop (e.g. when the overrides change every case)",
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per torchrun job")

@@ -45,6 +45,12 @@ class Bench:
     """Timed steps (as the hand loop's)."""
     t0: float = 0.0
     """time.time() when the launcher started torchrun (0: this process's start)."""
+    data: str = "random"
+    """random: random tokens; shakespeare: the plays' characters in order (for loss curves)."""
+
+    def __post_init__(self) -> None:
+        if self.data not in ("random", "shakespeare"):
+            raise phalanx.UsageError(f"bench.data={self.data}: use random or shakespeare")
 
 
 # The hand loop's settings (`fsdp_llama.py hand`); the command line's come after them and win.
@@ -81,10 +87,15 @@ def train(d: phalanx.Dist, cfg: Config, record: dict[str, Any]) -> None:
     bench, cuda = cfg.bench, d.device.type == "cuda"
     marks = Marks(bench)
     count = cfg.data.batch_size * d.env.world_size * (bench.warmup + bench.steps + 1)
+    data: torch.utils.data.Dataset[torch.Tensor] = (
+        models.shakespeare_windows(bench.seq, count)
+        if bench.data == "shakespeare"
+        else Tokens(LLAMA_SIZES[bench.size][4], bench.seq, count)
+    )
     built = time.time()
     trainer = phalanx.Trainer(
         d, config=cfg, model=lambda: llama(bench.size, bench.seq),
-        train_data=Tokens(LLAMA_SIZES[bench.size][4], bench.seq, count), train_step=lm_step,
+        train_data=data, train_step=lm_step,
         optimizer=lambda p: torch.optim.AdamW(p, lr=3e-4, fused=cuda), callbacks=[marks],
     )  # fmt: skip
     record["trainer_s"] = time.time() - built
@@ -99,6 +110,7 @@ def train(d: phalanx.Dist, cfg: Config, record: dict[str, Any]) -> None:
         mfu_vs_989T=round(tok_gpu * 6 * llama_params(bench.size, bench.seq) / PEAK_FLOPS, 3),
         mfu_attn_vs_989T=round(tok_gpu * flops / PEAK_FLOPS, 3),
         loss=round(float(history[-1]["loss"]), 3),
+        losses=[[int(h["step"]), float(h["loss"])] for h in history if "loss" in h],
         launch_to_first_step_s=marks.at[1] - (bench.t0 or STARTED),
     )  # fmt: skip
 

@@ -1,11 +1,12 @@
 """Output head + cross-entropy at large vocabularies: the plain computation (full fp32 logits)
-against phalanx.linear_cross_entropy's two kernels: chunked (chunks of tokens, gradients in the
-forward; eager and compiled) and Liger's fused kernel where liger-kernel is installed (the
-default on CUDA). Forward + backward of one batch of hidden states; time and the peak memory
-above the inputs.
+against phalanx.linear_cross_entropy's kernels: chunked (chunks of tokens, gradients in the
+forward; eager and compiled), Liger's fused kernel where liger-kernel is installed, and the
+defaults a caller gets (compiled chunks of 4096 tokens on CUDA). Forward + backward of one batch
+of hidden states; time and the peak memory above the inputs.
 
     python benchmarks/fused_loss.py [--tokens 8192] [--width 4096] [--vocabs 32000,128256]
-        [--sides plain,chunked,chunked_compiled,liger] [--reps 5] [--out PATH]
+        [--sides plain,chunked,chunked_compiled,liger,default] [--chunk 2048] [--reps 5]
+        [--out PATH]
 
 Sides alternate inside every repetition (each side runs --iters times per repetition); the
 baseline is `plain`. Without CUDA: fp32 at tiny sizes (a smoke run; nothing timed is meaningful).
@@ -38,6 +39,8 @@ def sides(chunk: int) -> dict[str, Loss]:
         "plain": reference_cross_entropy,
         "chunked": chunked,
         "chunked_compiled": torch.compile(chunked),
+        # What a caller gets without choosing: linear_cross_entropy's defaults.
+        "default": lambda h, w, y: linear_cross_entropy(h, w, y),
     }
     if importlib.util.find_spec("liger_kernel") is not None and torch.cuda.is_available():
         out["liger"] = lambda h, w, y: linear_cross_entropy(h, w, y, kernel="liger")
@@ -91,7 +94,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=4096 if cuda else 32)
     parser.add_argument("--vocabs", default="32000,128256" if cuda else "96")
     parser.add_argument("--chunk", type=int, default=2048 if cuda else 16)
-    parser.add_argument("--sides", default="plain,chunked,chunked_compiled,liger",
+    parser.add_argument("--sides", default="plain,chunked,chunked_compiled,liger,default",
                         help="which to run (liger where it is installed, on CUDA)")  # fmt: skip
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--iters", type=int, default=5 if cuda else 1)

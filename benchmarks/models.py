@@ -33,6 +33,9 @@ LLAMA_SIZES = {  # layers, width, heads, MLP hidden, vocab
     "20gb": (12, 3200, 32, 8640, 32000),  # ~1.7 B parameters, ~20 GB of training state
     "3b": (26, 3200, 32, 8640, 32000),
     "7b": (32, 4096, 32, 11008, 32000),  # Llama-2-7B's shape
+    # Llama-2-7B's block, 8 of its 32 layers: the per-matmul shapes (what float8 and compile
+    # speed up) of the 7B, with a training state that one 80 GB GPU holds beside seq 8192.
+    "7b_8l": (8, 4096, 32, 11008, 32000),
 }
 PEAK_FLOPS = 989e12  # an H100/H200's dense bf16 peak: what MFU is quoted against
 
@@ -152,6 +155,28 @@ class Tokens(torch.utils.data.Dataset[torch.Tensor]):
         return torch.randint(0, self.vocab, (self.seq + 1,), generator=g)
 
 
+class TextWindows(torch.utils.data.Dataset[torch.Tensor]):
+    """`count` consecutive windows of seq + 1 token ids of a text (wrapping around its end)."""
+
+    def __init__(self, ids: torch.Tensor, seq: int, count: int) -> None:
+        self.ids, self.seq, self.count = ids, seq, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        start = (index * self.seq) % (self.ids.numel() - self.seq - 1)
+        return self.ids[start : start + self.seq + 1]
+
+
+def shakespeare_windows(seq: int, count: int) -> TextWindows:
+    """Real text for quality comparisons: the plays as character ids (phalanx.data)."""
+    from phalanx.data import CharTokenizer, load_shakespeare
+
+    text = load_shakespeare()
+    return TextWindows(CharTokenizer.from_text(text).encode(text), seq, count)
+
+
 def hand_batches(b: int, t: int, v: int, device: torch.device, seed: int) -> Iterator[Any]:
     """The hand loops' data: random tokens made on the host, contiguous, copied without blocking."""
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -240,7 +265,7 @@ def header() -> dict[str, Any]:
     """When, by which command and on which machine a record was measured."""
     info = machine()
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([sys.executable, *sys.argv]), "machine": info,
+            "command": " ".join(["python", *sys.argv]), "machine": info,
             "device": ", ".join(info["gpus"]) or "cpu"}  # fmt: skip
 
 

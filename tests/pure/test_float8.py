@@ -149,3 +149,9 @@ def test_fused_loss_names_what_the_liger_kernel_needs() -> None:
     # auto on a CPU tensor: the chunked kernel, the same loss.
     auto = linear_cross_entropy(hidden, weight, labels)
     assert auto.item() == pytest.approx(reference_cross_entropy(hidden, weight, labels).item())
+
+
+def test_fused_loss_names_its_kernels() -> None:
+    hidden, weight, labels = fused_case(False)
+    with pytest.raises(ValueError, match=r"kernel='nope' is not one of .*'compiled'"):
+        linear_cross_entropy(hidden, weight, labels, kernel="nope")  # type: ignore[arg-type]

@@ -44,3 +44,19 @@ def test_a_config_file_that_cannot_be_written_is_named(tmp_path: Path) -> None:
 def test_fresh_names_still_step_past_taken_ones(tmp_path: Path) -> None:
     first, second = create_fresh(tmp_path, "r"), create_fresh(tmp_path, "r")
     assert first != second and first.is_dir() and second.is_dir()
+
+
+def test_a_trainer_config_naming_another_run_directory_is_refused(tmp_path: Path) -> None:
+    # The run directory is the process's (phalanx.distributed(config)); a Trainer config that
+    # names another one would save and resume nowhere, so it is refused, not ignored.
+    from phalanx.config import load
+    from phalanx.train.checkpointing import make_store
+
+    cfg = load(TrainerConfig, overrides=[f"run.dir={tmp_path / 'mine'}"])
+    with pytest.raises(UsageError) as error:
+        make_store(None, cfg)
+    one_line(error, f"run.dir={tmp_path / 'mine'}", "(none)", "phalanx.distributed(config)")
+    with pytest.raises(UsageError):
+        make_store(RunDir(tmp_path / "other").ensure(), cfg)
+    store = make_store(RunDir(tmp_path / "mine").ensure(), cfg)
+    assert store is not None and make_store(None, load(TrainerConfig, overrides=[])) is None

@@ -5,6 +5,7 @@ checkpoint. Rank 0 writes OUT/float8.json."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from torch import nn
 
 import phalanx
 from phalanx.config import load
+from phalanx.rundir import RunDir
 from phalanx.train import unwrap
 
 VOCAB, WIDTH, SEQ = 512, 256, 128
@@ -55,11 +57,12 @@ def train(d: phalanx.Dist, run_dir: Path, *overrides: str) -> dict[str, Any]:
     data = torch.randint(0, VOCAB // 8, (256, SEQ + 1), generator=gen)  # learnable: few tokens
     cfg = load(phalanx.TrainerConfig, overrides=[
         "train.strategy=fsdp", "train.compile=true", "train.log_every=1", "train.progress=false",
-        "data.batch_size=8", "data.num_workers=0", "checkpoint.sharded=true",
-        f"run.dir={run_dir}", *overrides,
+        "data.batch_size=8", "data.num_workers=0", "checkpoint.sharded=true", *overrides,
     ])  # fmt: skip
+    # One process, several runs: each gets its own run directory (the handle's, not the config's).
+    run = dataclasses.replace(d, run_dir=RunDir(run_dir).ensure())
     trainer = phalanx.Trainer(
-        d, config=cfg, model=Decoder, train_data=data, train_step=step,
+        run, config=cfg, model=Decoder, train_data=data, train_step=step,
         optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
     )  # fmt: skip
     history = [h for h in trainer.fit() if "loss" in h]
