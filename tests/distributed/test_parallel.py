@@ -67,8 +67,9 @@ def test_resume_across_layouts_continues_at_the_same_samples(tmp_path: Path) -> 
 @pytest.mark.timeout(120)
 def test_bad_layouts_stop_with_one_line_and_exit_2(tmp_path: Path) -> None:
     """Under `phalanx run` (torchrun): a tp that does not divide the heads; the refusals met
-    before it (no plan, a glob matching nothing, a product that is not the world) are recorded
-    by the worker; without a launcher, a product that is not the world."""
+    before it (no plan, a glob matching nothing, a product that is not the world, cp on CPUs, a
+    sequence cp cannot cut) are recorded by the worker, with cp's split of a real batch;
+    without a launcher, a product that is not the world."""
     result = run(
         [str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, "bad", str(tmp_path)], timeout=100
     )
@@ -79,6 +80,19 @@ def test_bad_layouts_stop_with_one_line_and_exit_2(tmp_path: Path) -> None:
     assert "declares no tensor-parallel plan" in caught["noplan"]
     assert "'blocks.*.attn' matches no module" in caught["nomatch"]
     assert "is 6 ranks, but the job has 2" in caught["product"]
+    assert "parallel.cp=2 needs CUDA GPUs" in caught["cp_cpu"]
+    assert "its length is 6; make it a multiple of 4" in caught["cp_odd"]
+    assert "names labels (dimension 1), but the batch's labels is missing" in caught["cp_missing"]
+    # Context parallelism's split on the 2 ranks: 4 chunks of 4, head and tail to rank 0;
+    # labels and made positions move with their tokens; both ranks are one data rank.
+    split = json.loads((tmp_path / "cp-split.json").read_text())
+    expected = [[*range(0, 4), *range(12, 16)], [*range(4, 12)]]
+    for rank, (mine, places) in enumerate(zip(split, expected, strict=True)):
+        assert mine["position_ids"] == places, rank
+        assert mine["input_ids"] == [100 + p for p in places]
+        assert mine["labels"] == [101 + p for p in places]
+        assert mine["shape"] == [2, 8] and (mine["data_rank"], mine["data_ranks"]) == (0, 1)
+        assert mine["fsdp_group"] == 2  # FSDP shards over dp_shard x cp
     alone = run([str(VENV_BIN / "python"), WORKER, "bad", str(tmp_path), "kind=product"],
                 timeout=60)  # fmt: skip
     assert alone.returncode == 2

@@ -77,7 +77,7 @@ def test_the_parallel_section_sets_the_sizes(
         (6, "auto", {"tp": 4}, r"is 4 ranks, but the job has 6"),  # tp does not divide the world
         (4, "ddp", {"tp": 2}, r"^config train.strategy=ddp conflicts with the parallel section"),
         (8, "auto", {"dp_replicate": 4, "dp_shard": 1, "tp": 2},
-         r"replicas of a tensor-parallel model are trained through FSDP here; set "
+         r"replicas of a tensor- or context-parallel model are trained through FSDP here; set "
          r"parallel.dp_shard=4 parallel.dp_replicate=1"),
     ],
 )  # fmt: skip

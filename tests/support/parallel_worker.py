@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from scenarios import run_scenarios  # same folder: sys.path[0]
 from torch import nn
 from torch._dynamo.utils import counters
@@ -24,6 +25,7 @@ from phalanx.config import load
 from phalanx.config.parallel import ParallelConfig
 from phalanx.rundir import RunDir
 from phalanx.train import build_layout, model_state_dict, wrap_model
+from phalanx.train.context_parallel import context_split
 
 VOCAB, SEQ, SAMPLES = 64, 16, 256
 TINY_PLAN = {"blocks.*.mlp.0": "colwise", "blocks.*.mlp.2": "rowwise", "head": "colwise_rep"}
@@ -182,7 +184,6 @@ def scenario_resume(d: phalanx.Dist, args: dict[str, str]) -> dict[str, Any]:
 
 def gather(d: phalanx.Dist, seen: list[Any]) -> list[Any]:
     """Per step, the sorted ids every rank saw in it (its micro-batches of that step)."""
-    import torch.distributed as dist
 
     everyone: list[Any] = [None] * d.env.world_size
     dist.all_gather_object(everyone, seen)
@@ -193,6 +194,27 @@ def gather(d: phalanx.Dist, seen: list[Any]) -> list[Any]:
     ]
 
 
+CP_DIMS = {"input_ids": 1, "labels": 1, "position_ids": 1}
+
+
+def cp_split(d: phalanx.Dist, layout: Any, out: Path) -> None:
+    """Context parallelism's split of a real batch on the cp mesh (gloo: the split runs on any
+    device; the ring attention it enables needs CUDA): each rank's tokens, labels, positions and
+    the layout's data ranks, gathered to OUT/cp-split.json."""
+    ids = torch.arange(100, 116).expand(2, 16).contiguous()
+    batch = {"input_ids": ids, "labels": ids + 1, "other": torch.zeros(2)}
+    split = context_split(layout, CP_DIMS)
+    assert split is not None
+    with split(batch):
+        mine = {k: batch[k][0].tolist() for k in CP_DIMS}
+    mine |= {"shape": list(batch["input_ids"].shape), "data_rank": layout.data_rank,
+             "data_ranks": layout.data_ranks, "fsdp_group": layout.shard_mesh.size()}  # fmt: skip
+    everyone: list[Any] = [None] * d.env.world_size
+    dist.all_gather_object(everyone, mine)
+    if d.env.is_main_process:
+        (out / "cp-split.json").write_text(json.dumps(everyone))
+
+
 def scenario_bad(d: phalanx.Dist, args: dict[str, str]) -> None:
     """Refusals on 2 ranks: a model without a plan, a glob matching nothing and a product that
     is not the world are caught and recorded (bad-caught.json); then a Trainer with parallel.tp=2
@@ -200,11 +222,18 @@ def scenario_bad(d: phalanx.Dist, args: dict[str, str]) -> None:
     if args.get("kind") == "product":
         build_layout(d, ParallelConfig(dp_shard=2, tp=3))
     tp2 = build_layout(d, ParallelConfig(tp=2))
+    cp2 = build_layout(d, ParallelConfig(cp=2, cp_seq_dims=CP_DIMS))
+    cp_split(d, cp2, Path(args["out"]))
+    split = context_split(cp2, CP_DIMS)
+    assert split is not None
     caught = {}
     for name, attempt in (
         ("noplan", lambda: wrap_model(TinyLM(), tp2)),
         ("nomatch", lambda: wrap_model(TinyLM(), tp2, plan={"blocks.*.attn": "colwise"})),
         ("product", lambda: build_layout(d, ParallelConfig(dp_shard=2, tp=3))),
+        ("cp_cpu", lambda: wrap_model(TinyLM(), cp2)),
+        ("cp_odd", lambda: split({"input_ids": torch.zeros(2, 6), "labels": torch.zeros(2, 6)})),
+        ("cp_missing", lambda: split({"input_ids": torch.zeros(2, 8)})),
     ):
         try:
             attempt()

@@ -6,6 +6,7 @@ key comes with the closest valid key.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -118,7 +119,27 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if origin in (tuple, list):
         items = value if isinstance(value, (list, tuple)) else _split_list(value)
         return tuple(coerce(item, args[0], f"{key}[{i}]") for i, item in enumerate(items))
+    if origin is dict:
+        return _mapping(value, args, key)
     return _scalar(value, tp, key)
+
+
+def _mapping(value: Any, args: tuple[Any, ...], key: str) -> dict[Any, Any]:
+    """A YAML mapping, a CLI '{name: 1, other: 2}', or the keys below it (key.name=1)."""
+    if isinstance(value, str):
+        import yaml  # the loader's parser: '{a: 1}' reads as in a config file
+
+        with contextlib.suppress(yaml.YAMLError):  # not YAML: refused below, as any non-mapping
+            value = yaml.safe_load(value) if value.strip() else {}
+    if not isinstance(value, Mapping):
+        raise UsageError(
+            f"config {key}={value!r} is not a mapping; give {{name: value, ...}} or "
+            f"{key}.NAME=VALUE"
+        )
+    return {
+        coerce(k, args[0], f"{key} (a name)"): coerce(v, args[1], f"{key}.{k}")
+        for k, v in value.items()
+    }
 
 
 def _split_list(value: Any) -> list[str]:

@@ -1,7 +1,7 @@
 """One parallelize pipeline for every layout, straight down:
 
-    units → tensor parallel plan → float8 → activation checkpointing → compile → FSDP or DDP
-          → storage
+    units → tensor parallel plan → context parallel checks → float8 → activation checkpointing
+          → compile → FSDP or DDP → storage
 
 Each stage is one small function and runs only where the layout calls for it
 (phalanx.train.layout). The units (phalanx.train.units) are picked once and handed to every
@@ -30,6 +30,7 @@ from phalanx.errors import UsageError
 from phalanx.train import fsdp
 from phalanx.train.activation_checkpoint import checkpoint_units
 from phalanx.train.compiling import compile_units
+from phalanx.train.context_parallel import check_context_parallel
 from phalanx.train.float8 import Fp8Filter, check_float8, convert_float8
 from phalanx.train.layout import ParallelLayout, build_layout
 from phalanx.train.meta_init import (
@@ -124,6 +125,7 @@ def wrap_model(
     units = pick_units(module, options.units)
     sharded = layout.kind == "sharded"
     tp_plan = _resolved_plan(module, layout, plan)  # refusals before any collective
+    check_context_parallel(module, layout)  # the split itself runs in each step
     if sharded:
         fsdp.check_shardable(module, units, options.precision)
         if not fresh:

@@ -83,6 +83,9 @@ class StepParts:
     ranks_per_batch: int = 1
     """Ranks that train on the same batch (a data rank's tensor-parallel peers): the samples
     metric, summed over ranks, counts each batch once."""
+    batch_context: Callable[[Any], contextlib.AbstractContextManager[None]] | None = None
+    """The context a micro-batch's forward and backward run in: context parallelism's split
+    of the batch and ring attention (phalanx.train.context_parallel); None: none."""
     grad_norm: GradNorm = field(default_factory=GradNorm)
     """The gradients' norm each step, replayed from a CUDA graph where it can be (grad_norm.py)."""
 
@@ -114,7 +117,8 @@ def optimizer_step(parts: StepParts, micro_batches: Iterable[Any], *, step: int)
     batches = list(micro_batches)
     carry = _gradients_carry_the_verdict(parts)
     for i, batch in enumerate(batches):
-        with _maybe_no_sync(parts, index=i, count=len(batches)):
+        split = parts.batch_context(batch) if parts.batch_context else contextlib.nullcontext()
+        with _maybe_no_sync(parts, index=i, count=len(batches)), split:
             with parts.precision.autocast():
                 loss, extra = split_output(parts.train_step(parts.model, batch))
             to_backward = parts.guard.observe_loss(loss, carry=carry)

@@ -25,6 +25,7 @@ from phalanx.lifecycle.preemption import RunInterrupted
 from phalanx.train import feeding
 from phalanx.train.callbacks import Callback
 from phalanx.train.checkpointing import config_fingerprint, make_store
+from phalanx.train.context_parallel import context_split
 from phalanx.train.evaluate import EvalFn, evaluate, lockstep_steps
 from phalanx.train.feeding import DeviceFeed, common_steps_left, steps_per_epoch, train_loader
 from phalanx.train.guard import NanGuard, NonFiniteError, host_read_warning
@@ -124,7 +125,8 @@ class Trainer:
             clip_grad_norm=train.clip_grad_norm, scheduler=self.scheduler,
             fsdp_reduce_every_micro_batch=train.fsdp_reduce_every_micro_batch,
             copy_outputs=train.compile and train.compile_mode in CUDA_GRAPH_MODES,
-            ranks_per_batch=self.layout.sizes.tp,
+            ranks_per_batch=self.layout.ranks_per_batch,
+            batch_context=context_split(self.layout, self.config.parallel.cp_seq_dims),
         )  # fmt: skip
 
     def _build_bookkeeping(
@@ -141,17 +143,11 @@ class Trainer:
             live=store is None,  # no checkpoints: nothing is ever trained twice
         )  # fmt: skip
         self._checkpointer = Checkpointer(
-            store=store,
-            model=unwrap(self.model),
-            optimizer=self.optimizer,
-            env=self.env,
-            config=self.config.checkpoint,
-            scheduler=self.scheduler,
-            scaler=self.precision.scaler,
-            fingerprint=config_fingerprint(self.config),
-            seed=self.config.train.seed,
+            store=store, model=unwrap(self.model), optimizer=self.optimizer, env=self.env,
+            config=self.config.checkpoint, scheduler=self.scheduler, scaler=self.precision.scaler,
+            fingerprint=config_fingerprint(self.config), seed=self.config.train.seed,
             on_commit=self._tracking.durable,  # no re-run can change those records
-        )
+        )  # fmt: skip
         self._hang = HangBeats()
         self._preemption = Preemption(self.config.checkpoint, self.env)
         self._loop = LoopControl(
