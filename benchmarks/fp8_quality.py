@@ -31,7 +31,8 @@ def command(variant: str, args: argparse.Namespace, root: str) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
         str(WORKER), f"bench.size={args.size}", f"bench.seq={args.seq}", "bench.data=shakespeare",
-        "bench.warmup=3", f"bench.steps={args.steps - 3}", f"data.batch_size={args.batch}",
+        "bench.warmup=3", f"bench.steps={args.steps - 3}", f"train.max_steps={args.steps}",
+        f"data.batch_size={args.batch}",
         f"train.log_every={args.log_every}", f"train.precision={'bf16' if cuda else 'fp32'}",
         f"run.root={root}", "track.plots=false", "track.trackers=[jsonl]", "train.seed=0",
         *PHALANX_VARIANTS[variant], *args.overrides,

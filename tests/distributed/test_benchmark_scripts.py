@@ -159,3 +159,24 @@ def test_fused_loss_compares_each_side_on_the_same_loss(tmp_path: Path) -> None:
     assert all(rows["ms"]["n"] == 2 for rows in case["table"].values())
     plain = case["losses"]["plain"]
     assert all(abs(loss - plain) <= 1e-5 * plain for loss in case["losses"].values())
+
+
+@pytest.mark.timeout(150)
+def test_fp8_quality_compares_final_losses_on_real_text(tmp_path: Path) -> None:
+    # One fp32 eager run (float8 needs a GPU): the logged losses and the final one.
+    script("fp8_quality.py", "--size", "tiny", "--seq", "32", "--batch", "2", "--steps", "6",
+           "--log-every", "2", "--variants", "eager", "--out", str(tmp_path / "q.json"),
+           timeout=140)  # fmt: skip
+    r = record(tmp_path / "q.json")
+    losses = r["runs"]["eager"]["losses"]
+    assert [step for step, _ in losses] == [2, 4, 6] and losses[-1][1] < losses[0][1]
+    assert r["final_loss"]["eager"] == losses[-1][1]
+
+
+@pytest.mark.timeout(100)
+def test_step_profile_sorts_kernel_time_by_kind(tmp_path: Path) -> None:
+    script("step_profile.py", "--size", "tiny", "--seq", "32", "--steps", "1",
+           "--out", str(tmp_path / "p.json"))  # fmt: skip
+    r = record(tmp_path / "p.json")
+    assert abs(sum(r["share"].values()) - 1.0) < 1e-6 and r["share"]["attention"] > 0
+    assert r["gpu_ms_per_step"] == pytest.approx(sum(r["ms"].values()))
