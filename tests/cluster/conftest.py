@@ -1,4 +1,4 @@
-"""Cluster layer fixtures: ONE real two-node SLURM cluster per test session."""
+"""Cluster layer fixtures: ONE real three-node SLURM cluster per test session."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ SLURM_COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol",
 
 @pytest.fixture(scope="session")
 def slurm() -> Iterator[SlurmCluster]:
-    """slurmctld + two slurmd nodes (see tests.support.slurm_cluster), stopped at session end.
+    """slurmctld + three slurmd nodes (see tests.support.slurm_cluster), stopped at session end.
 
     Skipped locally when the SLURM daemons are not installed; under CI=true that is a failure.
     """

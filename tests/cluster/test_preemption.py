@@ -57,8 +57,10 @@ def submit(
     *,
     worker: str = WORKER,
     train: tuple[str, ...] = TRAIN,
+    where: tuple[str, ...] = (),
 ) -> str:
-    """A requeueable 2-rank job running `worker` with `train` + `extra` overrides; its id."""
+    """A requeueable 2-rank job running `worker` with `train` + `extra` overrides; its id.
+    `where`: sbatch options placing it (default: one node)."""
     script = "\n".join((
         "#!/bin/bash",
         f"#SBATCH --output={tmp_path}/job.out",
@@ -71,6 +73,8 @@ def submit(
         f"{launch} {worker} run.dir={run_dir} {' '.join(train + extra)}",
         "",
     ))  # fmt: skip
+    if where:
+        return slurm.sbatch(script, *where)
     return slurm.sbatch(script, "-N1", "--ntasks-per-node=2" if "srun -n" in launch else "-n1")
 
 

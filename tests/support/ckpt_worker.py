@@ -42,7 +42,8 @@ class Fail:
     """Like SLURM at preemption: every rank sends SIGTERM and SIGUSR2 to each of its child
     processes (checkpoint writer, data loader workers), then rank 1 SIGUSR2 to itself."""
     hang_at_step: int = 0
-    """Rank 1 blocks forever after this optimizer step (a deadlock, as far as peers can tell).
+    """Rank 1 blocks forever after this optimizer step (a deadlock, as far as peers can tell);
+    only in the first attempt (of a torchrun with restarts, of a requeued SLURM job).
     Every rank first writes the pids of its spawned children (the checkpoint writer process)
     to writers-rank-K.txt."""
     writer_stuck: bool = False
@@ -103,7 +104,9 @@ class Recorder(phalanx.Callback):
             handle.write(f"{trainer.state.step + 1}\n")
 
     def on_step_end(self, trainer: phalanx.Trainer) -> None:
-        first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        # The first attempt: of a torchrun with restarts, and of a SLURM job that is requeued.
+        first = all(os.environ.get(v, "0") == "0"
+                    for v in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))  # fmt: skip
         if first and self.rank == 0 and trainer.state.step == self.fail.kill_at_step:
             os.kill(os.getpid(), signal.SIGKILL)  # a real kill -9: no cleanup of any kind
         if self.rank == 0 and trainer.state.step == self.fail.mark_at_step:
@@ -141,13 +144,14 @@ def main() -> None:
         def step(model: nn.Module, batch: Any) -> torch.Tensor:
             x, y, ids = batch
             state = trainer.state
-            record = {"step": state.step + 1, "ids": ids.tolist(), "epoch": state.epoch,
-                      "world": d.env.world_size, "pid": os.getpid()}  # fmt: skip
-            ids_file.write(json.dumps(record) + "\n")
-            ids_file.flush()
             loss = nn.functional.mse_loss(model(x), y)
             if d.config.model.extra:  # in the graph, so that DDP finds it used
                 loss = loss + 0.0 * unwrap(model).extra.sum()
+            record = {"step": state.step + 1, "ids": ids.tolist(), "epoch": state.epoch,
+                      "world": d.env.world_size, "pid": os.getpid(), "loss": loss.item(),
+                      "node": os.environ.get("SLURMD_NODENAME", "")}  # fmt: skip
+            ids_file.write(json.dumps(record) + "\n")
+            ids_file.flush()
             return loss
 
         spec = d.config.model

@@ -1,16 +1,17 @@
-"""A real SLURM cluster on this one machine: slurmctld plus two slurmd "nodes".
+"""A real SLURM cluster on this one machine: slurmctld plus three slurmd "nodes".
 
-The first node is named after `hostname -s`, the second (`node2`) shares the real host and only
-differs by its slurmd port, so a step over both nodes runs two groups of tasks on one kernel,
-told apart by SLURMD_NODENAME. Everything lives in a fresh state folder; daemons are stopped by
-the PIDs in their pid files, never by name.
+The first node is named after `hostname -s`, the others (`node2`, `node3`) share the real host
+and only differ by their slurmd ports, so a step over several nodes runs groups of tasks on one
+kernel, told apart by SLURMD_NODENAME. The default partition holds the first two nodes; the
+third is in partition `spare` only (see the template). Everything lives in a fresh state
+folder; daemons are stopped by the PIDs in their pid files, never by name.
 
 Robust to leftovers and neighbours: a session killed before its teardown leaves daemons holding
 the default ports and a state folder under RUNS_DIR. Folders whose owning process is gone are
 reaped (jobs cancelled, daemons stopped through their pid files); busy ports make this cluster
 take free ones instead (start-ups are serialised by a lock so two sessions cannot pick the same
 ones); a random FirstJobId keeps job ids, and the ports phalanx derives from them, apart from
-any other cluster running beside this one. The slurm.conf template is slurm_2node.conf.in.
+any other cluster running beside this one. The slurm.conf template is slurm_cluster.conf.in.
 """
 
 from __future__ import annotations
@@ -35,9 +36,12 @@ from tests.support.reap import is_alive
 RUNS_DIR = Path(tempfile.gettempdir()) / "phalanx-slurm"
 MUNGE_DIR = Path("/run/munge")
 MUNGE_KEY = Path("/etc/munge/munge.key")
-DEFAULT_PORTS = (6817, 6818, 6819)
-"""slurmctld, first slurmd, second slurmd (slurm-2node-localhost.conf)."""
+DEFAULT_PORTS = (6817, 6818, 6819, 6820)
+"""slurmctld, then the slurmd of each node."""
 SECOND_NODE = "node2"
+THIRD_NODE = "node3"
+SPARE_PARTITION = "spare"
+"""The partition of all three nodes."""
 TERMINAL_STATES = frozenset(
     {
         "BOOT_FAIL",
@@ -52,19 +56,21 @@ TERMINAL_STATES = frozenset(
     }
 )
 _DAEMONS = ("slurmctld", "slurmd", "munged")
-CONF_TEMPLATE = Path(__file__).with_name("slurm_2node.conf.in")
+CONF_TEMPLATE = Path(__file__).with_name("slurm_cluster.conf.in")
 
 
 def render_conf(state: Path, *, host: str, ports: Sequence[int], first_job_id: int) -> str:
-    """slurm.conf of the two-node cluster whose files live under `state`."""
-    ctld_port, node1_port, node2_port = ports
+    """slurm.conf of the three-node cluster whose files live under `state`."""
+    ctld_port, node1_port, node2_port, node3_port = ports
     return CONF_TEMPLATE.read_text().format(
         host=host,
         node2=SECOND_NODE,
+        node3=THIRD_NODE,
         state=state,
         ctld_port=ctld_port,
         node1_port=node1_port,
         node2_port=node2_port,
+        node3_port=node3_port,
         first_job_id=first_job_id,
     )
 
@@ -97,15 +103,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def pick_ports() -> tuple[int, int, int]:
-    """The default ports (SLURM's own) when all are free, else three ports the kernel hands out."""
+def pick_ports() -> tuple[int, ...]:
+    """The default ports (SLURM's own) when all are free, else ports the kernel hands out."""
     if all(_port_free(port) for port in DEFAULT_PORTS):
         return DEFAULT_PORTS
     ports: set[int] = set()
-    while len(ports) < 3:
+    while len(ports) < len(DEFAULT_PORTS):
         ports.add(_free_port())
-    ctld, node1, node2 = sorted(ports)
-    return ctld, node1, node2
+    return tuple(sorted(ports))
 
 
 def _read_pid(pid_file: Path) -> int | None:
@@ -188,14 +193,14 @@ def parse_job(text: str) -> dict[str, str]:
 
 
 class SlurmCluster:
-    """Two slurmd nodes and a slurmctld on this machine; `start()` returns once both are idle."""
+    """Three slurmd nodes and a slurmctld on this machine; `start()` returns once all are idle."""
 
     def __init__(self, state: Path) -> None:
         """A cluster whose files live in `state`; see create() for a fresh one."""
         self.state = state
         self.conf = self.state / "slurm.conf"
-        self.node_names = (socket.gethostname().split(".")[0], SECOND_NODE)
-        assert self.node_names[0] != SECOND_NODE, "host name clashes with the second node's name"
+        self.node_names = (socket.gethostname().split(".")[0], SECOND_NODE, THIRD_NODE)
+        assert self.node_names[0] not in self.node_names[1:], "host name clashes with a node's"
         self.env = base_env({"SLURM_CONF": str(self.conf)})
         """Environment for SLURM commands (and, through sbatch, for the jobs)."""
         self._munged_pid: int | None = None
@@ -213,7 +218,7 @@ class SlurmCluster:
         return cls(state)
 
     def start(self, timeout: float = 30.0) -> SlurmCluster:
-        """Start munged (unless one answers), slurmctld and both slurmd; wait until idle."""
+        """Start munged (unless one answers), slurmctld and every slurmd; wait until idle."""
         for sub in ("state", "log", *(f"spool/{name}" for name in self.node_names)):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout

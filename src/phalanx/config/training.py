@@ -271,6 +271,10 @@ class CheckpointConfig:
     SLURM when preempted or out of time, then stop (docs/checkpoints.md, "Preemption")."""
     time_margin_s: float = 120.0
     """Checkpoint and requeue this many seconds before SLURM's time limit."""
+    exclude_bad_nodes: bool = True
+    """Under SLURM, after a hang that some ranks caused (train.hang_timeout_s), requeue the job
+    with their nodes excluded (ExcNodeList): it resumes from the last checkpoint elsewhere.
+    Never for a hang on every rank alike, nor when too few nodes would be left (one line)."""
     resume: str = "auto"
     """auto: continue from the newest valid checkpoint of this run directory, if any;
     never: start fresh; or the path of a step-N directory to start from."""

@@ -8,7 +8,9 @@ store. Rank 0's watchdog calls a hang when the slowest rank has completed no ste
 `train.hang_timeout_s` while no rank is in a phase that may legitimately take long (the first
 step's compute, an evaluation, a save). It then asks every rank for its main thread's Python
 stack, logs one line naming the stuck rank and where it is (phalanx.lifecycle.hang_report),
-writes all stacks to `<run dir>/diagnostics/hang-*.txt`, and every rank exits with HANG_EXIT.
+writes all stacks to `<run dir>/diagnostics/hang-*.txt`, hands the verdict to `on_stuck`
+(under SLURM: phalanx.lifecycle.bad_nodes, which may requeue the job without the stuck node),
+and every rank exits with HANG_EXIT.
 
 The training loop only records its position in memory (`beat`, no I/O); the watchdog threads
 talk to the store every `interval_s`. The store is torch's own (c10d clients are thread-safe).
@@ -51,8 +53,10 @@ class HangWatch:
     def __init__(
         self, store: Any, *, rank: int, world_size: int, timeout_s: float,
         report_dir: Path | None = None,
+        on_stuck: Callable[[list[Position], dict[int, str]], None] | None = None,
     ) -> None:  # fmt: skip
         self.store, self.rank, self.world_size = store, rank, world_size
+        self.on_stuck = on_stuck  # rank 0's follow-up to a hang, with every rank's place
         self.timeout_s = timeout_s
         self.interval_s = min(5.0, max(0.1, timeout_s / 5))
         self.report_dir = report_dir
@@ -132,7 +136,8 @@ class HangWatch:
     def _publish(self) -> None:
         step, phase, since = self._where
         record = {"step": step, "phase": phase, "age_s": time.monotonic() - since,
-                  "host": socket.gethostname(), "pid": os.getpid()}  # fmt: skip
+                  "host": socket.gethostname(), "pid": os.getpid(),
+                  "node": os.environ.get("SLURMD_NODENAME", "")}  # fmt: skip
         self.store.set(PREFIX + f"pos/{self.rank}", json.dumps(record))
 
     def _stack(self) -> str:
@@ -166,6 +171,11 @@ class HangWatch:
         line = report(positions, stacks, waited)
         where = self._write(line, stacks)
         log.error("hang: %s%s", line, f" (every rank's stack: {where})" if where else "")
+        if self.on_stuck is not None:
+            try:
+                self.on_stuck(positions, stacks)
+            except Exception as error:  # the report stands; the run still stops
+                log.warning("after the hang report: %s: %s", type(error).__name__, error)
         self.store.set(PREFIX + "abort", "1")
         # Leave last: under srun rank 0 hosts the store, and the others read "abort" there.
         deadline = time.monotonic() + 3 * self.interval_s + 1

@@ -32,12 +32,15 @@ class Position:
     age_s: float
     host: str = ""
     pid: int = 0
+    node: str = ""
+    """The SLURM node (SLURMD_NODENAME) the rank runs on; "" outside SLURM."""
 
     def key(self) -> tuple[int, int]:
         return self.step, PHASES.index(self.phase) if self.phase in PHASES else 0
 
     def describe(self) -> str:
-        where = f" ({self.host}, pid {self.pid})" if self.host else ""
+        node = f", node {self.node}" if self.node and self.node != self.host else ""
+        where = f" ({self.host}{node}, pid {self.pid})" if self.host else ""
         return f"rank {self.rank}{where} in phase '{self.phase}' after step {self.step}"
 
 

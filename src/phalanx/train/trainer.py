@@ -355,6 +355,7 @@ class Trainer:
             self.config.train.hang_timeout_s, env=self.env,
             report_dir=run_dir.diagnostics if run_dir is not None and not self.dry_run else None,
             before_exit=self._checkpointer.kill_writer,
+            exclude_bad_nodes=self.config.checkpoint.exclude_bad_nodes,
         )  # fmt: skip
 
     def _beat(self, phase: str) -> None:

@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from phalanx.env import ClusterEnv
+from phalanx.lifecycle.bad_nodes import bad_nodes_policy
 from phalanx.lifecycle.hang import HangWatch, default_store
 
 
 def start_hang_watch(
-    timeout_s: float, *, env: ClusterEnv, report_dir: Path | None
+    timeout_s: float, *, env: ClusterEnv, report_dir: Path | None, exclude_bad_nodes: bool = False
 ) -> HangWatch | None:
-    """A watchdog when `timeout_s` > 0 and there are peers to wait for; else None."""
+    """A watchdog when `timeout_s` > 0 and there are peers to wait for; else None. Under a
+    SLURM batch job with `exclude_bad_nodes`, rank 0 follows a hang up by requeueing the job
+    without the stuck ranks' nodes (phalanx.lifecycle.bad_nodes)."""
     if not timeout_s or env.world_size < 2:
         return None
+    on_stuck = bad_nodes_policy(
+        enabled=exclude_bad_nodes and env.rank == 0, job_id=env.job_id,
+        batch=os.environ.get("SLURM_JOB_ID") is not None, record_dir=report_dir,
+    )  # fmt: skip
     return HangWatch(default_store(), rank=env.rank, world_size=env.world_size,
-                     timeout_s=timeout_s, report_dir=report_dir)  # fmt: skip
+                     timeout_s=timeout_s, report_dir=report_dir, on_stuck=on_stuck)  # fmt: skip
 
 
 class HangBeats:
@@ -30,9 +38,10 @@ class HangBeats:
 
     def start(
         self, timeout_s: float, *, env: ClusterEnv, report_dir: Path | None,
-        before_exit: Callable[[], None],
+        before_exit: Callable[[], None], exclude_bad_nodes: bool = False,
     ) -> None:  # fmt: skip
-        self._watch = start_hang_watch(timeout_s, env=env, report_dir=report_dir)
+        self._watch = start_hang_watch(timeout_s, env=env, report_dir=report_dir,
+                                       exclude_bad_nodes=exclude_bad_nodes)  # fmt: skip
         if self._watch is not None:  # its os._exit skips clean-up (e.g. a writer process)
             self._watch.before_exit(before_exit)
             self._hooks = _compile_hooks(self._watch)
