@@ -132,17 +132,26 @@ def _add_plot(sub: argparse._SubParsersAction[_Parser]) -> None:
 def _add_doctor(sub: argparse._SubParsersAction[_Parser]) -> None:
     doctor = sub.add_parser(
         "doctor",
-        help="check this node for distributed training; --bandwidth measures all-reduce",
+        help="check this node for distributed training; --bandwidth measures all-reduce, "
+        "--preflight names slow or failing ranks",
         description="Check this node: versions, GPUs, the detected launcher, shared memory, "
         "open-file limit, host name resolution, SLURM tools, disk space, network, trackers. "
         "Exit code 1 if a check fails. --bandwidth then times all-reduce over N local "
-        "processes (under 'srun --ntasks-per-node=1', over every node of the step).",
+        "processes (under 'srun --ntasks-per-node=1', over every node of the step); "
+        "--preflight times a matrix product on each of them and one all-reduce, and names "
+        "every rank far slower than the median (exit 1).",
     )
     doctor.add_argument("--json", action="store_true", help="one JSON object per check")
     doctor.add_argument("--run-root", default="runs", help="where runs would be written")
     doctor.add_argument("--bandwidth", action="store_true", help="also time all-reduce")
+    doctor.add_argument(
+        "--preflight",
+        action="store_true",
+        help="also check every rank's compute and reach (a few seconds)",
+    )
     doctor.add_argument("-n", "--nproc-per-node", type=int, default=0, metavar="N",
-                        help="processes for --bandwidth (default: GPUs, or 2 on CPU)")  # fmt: skip
+                        help="processes for --bandwidth and --preflight (default: GPUs, or 2 "
+                        "on CPU)")  # fmt: skip
     doctor.add_argument("--sizes-mb", type=float, nargs="+", default=[1.0, 16.0, 64.0],
                         metavar="MB", help="message sizes for --bandwidth")  # fmt: skip
     doctor.add_argument("--iters", type=int, default=20, help="timed all-reduces per size")

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,8 +45,25 @@ def init(config: Config | DistConfig | None = None, *, env: ClusterEnv | None = 
     """
     if isinstance(config, Config):
         handle = init_group(config.dist, env=env)
-        return _open_run(handle, config)
-    return init_group(config, env=env)
+        handle = _open_run(handle, config)
+    else:
+        handle = init_group(config, env=env)
+    dist_config = config.dist if isinstance(config, Config) else config
+    if dist_config is not None and dist_config.preflight:
+        _preflight(handle)
+    return handle
+
+
+def _preflight(handle: Dist) -> None:
+    """dist.preflight: name slow or failing ranks before training (phalanx.doctor.preflight)."""
+    from phalanx.doctor.preflight import check_ranks, problems, summary
+
+    began = time.perf_counter()
+    checks, allreduce_ms = check_ranks(handle.device)
+    if handle.env.is_main_process:
+        log.info("%s", summary(checks, allreduce_ms, time.perf_counter() - began))
+        for line in problems(checks):
+            log.warning("preflight: %s", line)
 
 
 def _open_run(handle: Dist, config: Config) -> Dist:

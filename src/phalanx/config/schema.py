@@ -49,6 +49,10 @@ class DistConfig:
     """Detect srun tasks; false ignores SLURM variables (e.g. a local run inside salloc)."""
     setup_logging: bool = True
     """Rank 0 logs INFO, other ranks WARNING+, every line prefixed with its rank."""
+    preflight: bool = False
+    """After the rendezvous, every rank times a matrix product and one all-reduce (about a
+    second; `phalanx doctor --preflight` alone): ranks far slower than the others, or whose
+    check failed, are named with host and node in a warning before training starts."""
 
     def __post_init__(self) -> None:
         check_choice("dist.backend", self.backend, get_args(Backend))

@@ -29,25 +29,25 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     code = 1 if any(c.status == "fail" for c in checks) else 0
     if args.bandwidth:
-        code = max(code, _bandwidth(args))
+        sizes = ("--sizes-mb", *map(str, args.sizes_mb), "--iters", str(args.iters))
+        code = max(code, _ranks(args, "phalanx.doctor.allreduce", sizes, "all-reduce"))
+    if args.preflight:
+        code = max(code, _ranks(args, "phalanx.doctor.preflight", (), "preflight"))
     return code
 
 
-def _bandwidth(args: argparse.Namespace) -> int:
-    """All-reduce timing through `phalanx run` (so that srun multi-node steps work too)."""
+def _ranks(args: argparse.Namespace, module: str, module_args: tuple[str, ...], what: str) -> int:
+    """A check over N ranks through `phalanx run` (so that srun multi-node steps work too)."""
     import torch
 
     from phalanx.launch.local import RunSpec, plan_run, torchrun_argv
 
     n = args.nproc_per_node or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
-    spec = RunSpec(
-        nproc_per_node=n, script="phalanx.doctor.allreduce", module=True,
-        script_args=("--sizes-mb", *map(str, args.sizes_mb), "--iters", str(args.iters)),
-    )  # fmt: skip
+    spec = RunSpec(nproc_per_node=n, script=module, module=True, script_args=module_args)
     argv = torchrun_argv(plan_run(spec, os.environ))
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv], check=False)
     if done.returncode != 0:
-        print(f"phalanx doctor: all-reduce over {n} processes failed (exit {done.returncode}; "
+        print(f"phalanx doctor: {what} over {n} processes failed (exit {done.returncode}; "
               "see above)", file=sys.stderr)  # fmt: skip
         return 1
     return 0
