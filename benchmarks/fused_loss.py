@@ -1,7 +1,7 @@
 """Output head + cross-entropy at large vocabularies: the plain computation (full fp32 logits)
 against phalanx.linear_cross_entropy's kernels: chunked (chunks of tokens, gradients in the
 forward; eager and compiled), Liger's fused kernel where liger-kernel is installed, and the
-defaults a caller gets (compiled chunks of 4096 tokens on CUDA). Forward + backward of one batch
+defaults a caller gets (compiled chunks of 2048 tokens on CUDA). Forward + backward of one batch
 of hidden states; time and the peak memory above the inputs.
 
     python benchmarks/fused_loss.py [--tokens 8192] [--width 4096] [--vocabs 32000,128256]

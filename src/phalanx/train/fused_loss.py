@@ -33,7 +33,7 @@ def linear_cross_entropy(
     labels: torch.Tensor,
     *,
     bias: torch.Tensor | None = None,
-    chunk_tokens: int = 4096,
+    chunk_tokens: int = 2048,
     ignore_index: int = IGNORE_INDEX,
     kernel: Kernel = "auto",
 ) -> torch.Tensor:
@@ -41,7 +41,8 @@ def linear_cross_entropy(
     label is not `ignore_index`. hidden: (..., dim); weight: (vocab, dim); labels: hidden's
     leading shape. Gradients flow to hidden, weight and bias. kernel: auto (compiled on CUDA,
     else chunked), compiled (chunked under torch.compile), chunked (eager; `chunk_tokens` a
-    chunk) or liger (Liger's fused kernel: CUDA, liger-kernel installed)."""
+    chunk; the default 2048 is what benchmarks/fused_loss.py measured) or liger (Liger's fused
+    kernel: CUDA, liger-kernel installed)."""
     if labels.shape != hidden.shape[:-1]:
         raise UsageError(
             f"linear_cross_entropy: labels {tuple(labels.shape)} must match hidden's leading "
