@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 # Real launchers and schedulers for the test suite (Debian package names).
 APT_PKGS := slurm-wlm munge openmpi-bin libopenmpi-dev iproute2 util-linux procps dataset-fashion-mnist \
-  environment-modules charliecloud-runtime git
+  environment-modules charliecloud-runtime git tmux
 
 .PHONY: demo demo-data test lint setup system-deps
 

@@ -17,6 +17,7 @@ from phalanx.submit.cli import HANDLERS as JOB_HANDLERS
 from phalanx.submit.cli import add_parsers as add_job_parsers
 from phalanx.sweep.cli import add_parser as add_sweep_parser
 from phalanx.sweep.cli import cmd_sweep
+from phalanx.top.cli import add_top_parser, cmd_top
 
 
 class _Parser(argparse.ArgumentParser):
@@ -174,6 +175,7 @@ def build_parser() -> _Parser:
     _add_probe_data(sub)
     add_sweep_parser(sub)
     add_job_parsers(sub)
+    add_top_parser(sub)
     return parser
 
 
@@ -285,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {
         "run": _cmd_run, "info": _cmd_info, "export": _cmd_export, "plot": _cmd_plot,
         "doctor": cmd_doctor, "sweep": cmd_sweep, "probe-data": _cmd_probe_data,
-        **JOB_HANDLERS,
+        "top": cmd_top, **JOB_HANDLERS,
     }  # fmt: skip
     try:
         return handlers[args.command](args)

@@ -108,12 +108,57 @@ def test_a_rank_stuck_on_its_first_batch_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(200)
-def test_a_slow_rank_that_makes_progress_is_not_a_hang(tmp_path: Path) -> None:
+def test_a_slow_rank_is_no_hang_and_phalanx_top_shows_the_run_live(tmp_path: Path) -> None:
     # Rank 1 takes 1 s per step, rank 0 waits for it each time: 12 steps, no step longer than
     # the 8 s limit (the workers' first batch under CI load included), so no hang may be called.
-    code, err = launch(tmp_path / "run", "fail.slow_rank_s=1.0", "train.hang_timeout_s=8")
-    assert code == 0, err
-    assert "phalanx.hang" not in err
+    # The same launch is the running 2-rank job that `phalanx top` watches in tmux.
+    run_dir, stderr = tmp_path / "run", tmp_path / "stderr.txt"
+    command = [str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, f"run.dir={run_dir}", *COMMON,
+               "fail.slow_rank_s=1.0", "train.hang_timeout_s=8"]  # fmt: skip
+    with stderr.open("w") as err:
+        launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err,
+                                    env=base_env(), start_new_session=True)  # fmt: skip
+    try:
+        screens = watch_with_top(run_dir, launcher, tmp_path.name)
+        assert launcher.wait(timeout=150) == 0, stderr.read_text()[-8000:]
+    finally:
+        if launcher.poll() is None:
+            kill_and_wait([launcher.pid, *descendants(launcher.pid)])
+            launcher.wait()
+    assert "phalanx.hang" not in stderr.read_text()
+    live = [s for s in screens if "training" in s and "steps/s" in s]
+    assert live, [s for s in screens if s.strip()][-3:] or len(screens)
+    assert "/ 12" in live[-1] and "ETA" in live[-1] and "2 on 1 node(s)" in live[-1]
+    assert "checkpoint │ step" in live[-1]
+    piped = run([str(VENV_BIN / "phalanx"), "top", str(run_dir)], timeout=60)
+    assert piped.returncode == 0 and "done" in piped.stdout and "12 / 12" in piped.stdout
+    unknown = run([str(VENV_BIN / "phalanx"), "top", str(tmp_path / "nope")], timeout=60)
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == (f"phalanx top: error: '{tmp_path / 'nope'}' is neither a "
+                                      "run directory nor a SLURM job id")  # fmt: skip
+
+
+def watch_with_top(run_dir: Path, launcher: subprocess.Popen[bytes], name: str) -> list[str]:
+    """`phalanx top` in a detached tmux session while the run trains: the screens captured
+    (polled with a deadline) until the run ends."""
+    session = f"top-{name}"
+    deadline = time.monotonic() + 120
+    while not (run_dir / "status.json").exists() and launcher.poll() is None:
+        assert time.monotonic() < deadline, "no status.json"
+        time.sleep(0.2)  # polling for the run's first status, with a deadline
+    top = f"{VENV_BIN / 'phalanx'} top {run_dir} --interval 0.3; sleep 60"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "110", "-y", "30", top],
+                   check=True, env=base_env())  # fmt: skip
+    screens: list[str] = []
+    try:
+        while launcher.poll() is None and time.monotonic() < deadline:
+            pane = subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
+                                  capture_output=True, text=True, check=False)  # fmt: skip
+            screens.append(pane.stdout)
+            time.sleep(0.2)  # polling the screen while the run trains, with a deadline
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+    return screens
 
 
 @pytest.mark.timeout(300)

@@ -30,6 +30,7 @@ EXPECTED = {
     "status": {"-h", "--help"},
     "logs": {"-h", "--help", "-f", "--follow"},
     "cancel": {"-h", "--help"},
+    "top": {"-h", "--help", "--interval", "--once"},
 }  # fmt: skip
 
 

@@ -4,7 +4,8 @@
       config.yaml        resolved config (written once, by the resolving process)
       diagnostics/       versions, hosts, GPUs, git commit + diff, launcher variables (redacted)
       logs/rank-K.log    per-rank log
-      checkpoints/       (checkpoint issue)  metrics.jsonl, plots/ (tracking issue)
+      checkpoints/       step-N/ checkpoints; metrics.jsonl, plots/ (tracking)
+      status.json        where training stands (rank 0, each logging point): `phalanx top`
 
 Naming, in order: `run.dir` when set (a launcher resolved it, or the user continues a run);
 `<name>-<SLURM_JOB_ID>` inside a SLURM job, so a requeued job (same id) finds its directory;
@@ -47,6 +48,10 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def status_file(self) -> Path:
+        return self.path / "status.json"
 
     def log_file(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"

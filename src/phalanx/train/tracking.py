@@ -3,7 +3,10 @@ known), closed at the end of fit() with the end-of-run plots."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +34,11 @@ class RunTracking:
     ) -> None:
         self._config, self._env, self._run_dir, self._live = config, env, run_dir, live
         self._tracking: Tracking | None = None
+        self._status: dict[str, Any] = {}  # rank 0's status.json, kept up to date
+
+    def set_total_steps(self, total: int) -> None:
+        """The run's planned optimizer steps (0: unknown), for status.json."""
+        self._status["total_steps"] = total
 
     def open(self, *, resume_step: int) -> None:
         """Start this rank's trackers; a tracker that fails to start (a bad MLflow URI, a wandb
@@ -57,11 +65,33 @@ class RunTracking:
         if errors:
             raise UsageError(f"a tracker could not start ({errors[0]}); check track.* settings")
         self._tracking = tracking
+        self._update_status("training")
 
     def log(self, values: Mapping[str, Any]) -> None:
         """A training or evaluation record; `values["step"]` is its optimizer step."""
         if self._tracking is not None:
             self._tracking.log(values)
+            self._update_status("training", values)
+
+    def _update_status(self, state: str, values: Mapping[str, Any] | None = None) -> None:
+        """status.json on rank 0: the latest record's values and the state (replaced whole:
+        readers never see half of it; no fsync, a lost update is replaced at the next)."""
+        run_dir = self._run_dir
+        if run_dir is None or self._config.run.dry_run or not self._env.is_main_process:
+            return
+        if values is not None and "loss" in values:  # training records, not evaluations
+            last = (self._status.get("step"), self._status.get("time"))
+            self._status.update({k: v for k, v in values.items() if isinstance(v, (int, float))})
+            if last[0] is not None and last[1] and self._status["time"] > last[1]:
+                steps = self._status["step"] - last[0]
+                self._status["steps_per_s"] = steps / (self._status["time"] - last[1])
+        self._status.update(state=state, world_size=self._env.world_size, updated=time.time())
+        tmp = run_dir.status_file.with_name(f".status.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(self._status))
+            os.replace(tmp, run_dir.status_file)
+        except OSError as error:
+            log.debug("status.json not written: %s", error)
 
     def durable(self, step: int) -> None:
         """A checkpoint of `step` is committed: records up to it can no longer be re-run."""
@@ -79,6 +109,7 @@ class RunTracking:
         config, run_dir, tracking = self._config, self._run_dir, self._tracking
         if tracking is None:
             return
+        self._update_status(outcome)
         if outcome == "crash":
             tracking.abandon()
             return

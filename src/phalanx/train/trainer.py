@@ -214,6 +214,7 @@ class Trainer:
         sampler, accum = _sampler(loader), self.config.train.grad_accum
         per_epoch = steps_per_epoch(sampler, accum) if sampler is not None else 0
         self._total_steps = self.max_steps or self.config.train.epochs * per_epoch
+        self._tracking.set_total_steps(self._total_steps)
         return loader
 
     def _done(self) -> bool:

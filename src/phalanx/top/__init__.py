@@ -1,0 +1,1 @@
+"""`phalanx top RUN_DIR|JOB_ID`: a live terminal view of a run, read from its run directory."""
