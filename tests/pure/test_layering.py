@@ -6,7 +6,7 @@
   functions, `if TYPE_CHECKING:` blocks and lazy tables' `_ON_FIRST_USE` do not count here.
 - The lower layers (env, config, data, checkpoint, rundir, track) import, anywhere in a module
   (function bodies and lazy tables included), nothing of the layers above them: not phalanx.train,
-  not the command line (phalanx.cli, the command packages launch, submit, sweep, doctor, and
+  not the command line (phalanx.cli, the command packages launch, submit, sweep, doctor, top, and
   phalanx.probe_data), not the package root `phalanx`, whose exports pull in everything.
 - env and config sit at the bottom: besides their own package they import only the leaf modules
   phalanx.errors, phalanx._version and phalanx._lazy, which import nothing of phalanx.
@@ -26,7 +26,7 @@ LOWER = tuple(
 )
 ABOVE = tuple(
     f"phalanx.{name}"
-    for name in ("train", "cli", "launch", "submit", "sweep", "doctor", "probe_data")
+    for name in ("train", "cli", "launch", "submit", "sweep", "doctor", "top", "probe_data")
 )
 BOTTOM = ("phalanx.env", "phalanx.config")
 LEAVES = ("phalanx.errors", "phalanx._version", "phalanx._lazy")
