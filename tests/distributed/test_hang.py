@@ -45,6 +45,14 @@ def test_a_stuck_rank_is_named_and_every_rank_stops(tmp_path: Path) -> None:
     text = reports[0].read_text()
     assert "--- rank 0 ---" in text and "--- rank 1 ---" in text
     assert "threading.Event().wait()" in text  # rank 1's stack, source line included
+    # torch's flight recorder (gloo records too from torch 2.13): rank 0 entered a collective
+    # that rank 1 never did; each rank's newest entries are kept beside the report.
+    (trace,) = [x for x in err.splitlines() if "ERROR phalanx.hang: flight recorder:" in x]
+    assert "rank(s) 0 entered collective #" in trace and "rank(s) 1 did not" in trace, trace
+    assert trace.split("ERROR phalanx.hang: ")[1] in text
+    recorded = json.loads(reports[0].with_name(reports[0].stem + "-flight-recorder.json")
+                          .read_text())  # fmt: skip
+    assert set(recorded) == {"0", "1"} and all(recorded.values())
     assert "stopping: rank 0 found a hang" in err or "exitcode: -15" in err  # rank 1 went too
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from phalanx.lifecycle.hang_report import Position, in_collective, innermost, report, stuck_ranks
 
@@ -68,3 +69,19 @@ def test_report_names_the_stuck_rank_its_code_line_and_where_the_others_wait() -
 def test_a_rank_that_never_answered_is_reported_without_a_stack() -> None:
     line = report([pos(0, 5, "sync"), pos(1, 4, "step")], {0: ALLREDUCE}, waited_s=60)
     assert "rank 1 (node1, pid 100) in phase 'step' after step 4 for 9 s, at no stack" in line
+
+
+def test_the_flight_recorder_names_the_ranks_that_never_entered_a_collective() -> None:
+    from phalanx.lifecycle.flight_recorder import missing_ranks
+
+    def entry(seq: int, op: str = "nccl:all_reduce", group: str = "default_pg") -> dict[str, Any]:
+        return {"collective_seq_id": seq, "profiling_name": op, "process_group": ["0", group],
+                "is_p2p": False, "state": "scheduled"}  # fmt: skip
+
+    ahead = [entry(40, "nccl:broadcast"), entry(41), entry(7, group="control")]
+    behind = [entry(40, "nccl:broadcast"), entry(7, group="control")]
+    line = missing_ranks({0: ahead, 1: behind, 2: ahead})
+    assert line == ("flight recorder: rank(s) 0, 2 entered collective #41 (nccl:all_reduce) of "
+                    "process group default_pg; rank(s) 1 did not (their newest: 1: #40 "
+                    "nccl:broadcast)")  # fmt: skip
+    assert missing_ranks({0: ahead, 1: ahead}) == "" and missing_ranks({0: [], 1: []}) == ""

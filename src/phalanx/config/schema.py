@@ -49,6 +49,10 @@ class DistConfig:
     """Detect srun tasks; false ignores SLURM variables (e.g. a local run inside salloc)."""
     setup_logging: bool = True
     """Rank 0 logs INFO, other ranks WARNING+, every line prefixed with its rank."""
+    flight_recorder: int = 2000
+    """Entries of torch's flight recorder (its record of each rank's last collectives), read
+    after a hang to name the ranks that never entered a collective; 0: off. The user's own
+    TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE win."""
     preflight: bool = False
     """After the rendezvous, every rank times a matrix product and one all-reduce (about a
     second; `phalanx doctor --preflight` alone): ranks far slower than the others, or whose
@@ -57,6 +61,8 @@ class DistConfig:
     def __post_init__(self) -> None:
         check_choice("dist.backend", self.backend, get_args(Backend))
         check_choice("dist.launcher", self.launcher, get_args(Launcher))
+        if self.flight_recorder < 0:
+            raise UsageError(f"config dist.flight_recorder={self.flight_recorder} must be >= 0")
         if not self.timeout_s > 0:
             raise UsageError(f"config dist.timeout_s={self.timeout_s} must be > 0 seconds")
         if not self.rendezvous_timeout_s > 0:

@@ -63,6 +63,7 @@ def init_group(config: DistConfig | None = None, *, env: ClusterEnv | None = Non
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=config.timeout_s)
+    enable_flight_recorder(config.flight_recorder, os.environ)
     device_id = device if backend == "nccl" else None
     if env.launcher == "local":
         store = dist.HashStore()  # type: ignore[attr-defined]
@@ -85,6 +86,18 @@ def init_group(config: DistConfig | None = None, *, env: ClusterEnv | None = Non
     atexit.register(shutdown)
     log.debug("joined %s group of %d ranks on %s", backend, env.world_size, device)
     return Dist(env=env, device=device, backend=backend)
+
+
+FLIGHT_RECORDER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+"""torch's flight-recorder buffer size, under its name and the NCCL-only name of older torch."""
+
+
+def enable_flight_recorder(entries: int, environ: Any) -> None:
+    """torch's record of the last collectives, read after a hang (phalanx.lifecycle.
+    flight_recorder); set before the process group exists. The user's own setting wins."""
+    if entries > 0 and not any(name in environ for name in FLIGHT_RECORDER_VARS):
+        for name in FLIGHT_RECORDER_VARS:
+            environ[name] = str(entries)
 
 
 def _attempt_store(env: ClusterEnv, timeout: timedelta) -> Any:

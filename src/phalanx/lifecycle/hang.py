@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from phalanx.lifecycle import flight_recorder
 from phalanx.lifecycle.hang_report import EXEMPT, Position, report
 
 log = logging.getLogger("phalanx.hang")
@@ -117,6 +118,7 @@ class HangWatch:
                     self.store.add(PREFIX + "gone", 1)
                     self._exit("stopping: rank 0 found a hang (see its report)")
                 if self.store.check([PREFIX + "request"]):
+                    self.store.set(PREFIX + f"fr/{self.rank}", json.dumps(flight_recorder.dump()))
                     self.store.set(PREFIX + f"stack/{self.rank}", self._stack())
                 if self.rank == 0:
                     self._judge()
@@ -169,8 +171,12 @@ class HangWatch:
         stacks = self._gather_stacks(time.monotonic() + max(STACK_WAIT_S, 3 * self.interval_s))
         positions = self._positions() or []
         line = report(positions, stacks, waited)
-        where = self._write(line, stacks)
+        recorded = self._recorded(stacks)
+        trace = flight_recorder.missing_ranks(recorded)
+        where = self._write(line, stacks, trace, recorded)
         log.error("hang: %s%s", line, f" (every rank's stack: {where})" if where else "")
+        if trace:
+            log.error("%s", trace)
         if self.on_stuck is not None:
             try:
                 self.on_stuck(positions, stacks)
@@ -195,14 +201,29 @@ class HangWatch:
             time.sleep(min(0.2, self.interval_s))  # polling the store, with a deadline
         return stacks
 
-    def _write(self, line: str, stacks: dict[int, str]) -> Path | None:
+    def _recorded(self, stacks: dict[int, str]) -> dict[int, list[Any]]:
+        """The flight-recorder entries of the ranks that answered (rank 0's own, read here)."""
+        out: dict[int, list[Any]] = {0: flight_recorder.dump()}
+        for r in stacks:
+            key = PREFIX + f"fr/{r}"
+            if r and self.store.check([key]):
+                out[r] = json.loads(self.store.get(key))
+        return out
+
+    def _write(
+        self, line: str, stacks: dict[int, str], trace: str, recorded: dict[int, list[Any]]
+    ) -> Path | None:
         if self.report_dir is None:
             return None
         path = self.report_dir / f"hang-{time.strftime('%Y%m%d-%H%M%S')}.txt"
         missing = "(no answer: the process is frozen, gone, or holds the GIL)\n"
         blocks = [f"--- rank {r} ---\n{stacks.get(r) or missing}" for r in range(self.world_size)]
+        head = line + ("\n" + trace if trace else "")
         try:
-            path.write_text(line + "\n\n" + "".join(blocks))
+            if any(recorded.values()):
+                fr = path.with_name(path.stem + "-flight-recorder.json")
+                fr.write_text(json.dumps({str(r): e for r, e in recorded.items()}))
+            path.write_text(head + "\n\n" + "".join(blocks))
         except OSError as error:
             log.warning("could not write %s: %s", path, error)
             return None
