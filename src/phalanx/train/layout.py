@@ -124,8 +124,9 @@ class ParallelLayout:
     env: ClusterEnv
     device: torch.device
     mesh: DeviceMesh | None = None
-    """The whole mesh, dims (dp_replicate, dp_shard[, cp][, tp]); None for single, DDP and FSDP
-    over every rank (torch's default group serves those)."""
+    """The whole mesh, dims (dp_replicate, dp_shard) for HSDP, (dp_replicate, dp_shard, cp, tp)
+    beside tensor or context parallelism; None for single, DDP and FSDP over every rank
+    (torch's default group serves those)."""
     shard_mesh: DeviceMesh | None = None
     """What fully_shard shards over: None for every rank, (dp_replicate, dp_shard) for HSDP,
     dp_shard beside tensor parallelism, dp_shard x cp flattened beside context parallelism."""
