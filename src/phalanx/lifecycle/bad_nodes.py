@@ -100,7 +100,14 @@ class BadNodes:
             self._say(f"not excluding node(s) {','.join(verdict.nodes)} ({verdict.reason}): "
                       f"{short}", verdict, requeued=False)  # fmt: skip
             return
-        self.command(["requeue", self.job_id])
+        try:
+            self.command(["requeue", self.job_id])
+        except subprocess.CalledProcessError as error:
+            why = (error.stderr or "").strip() or f"exit {error.returncode}"
+            self._say(f"could not requeue job {self.job_id} to leave out node(s) "
+                      f"{','.join(verdict.nodes)}: {why} (submit with --requeue)", verdict,
+                      requeued=False)  # fmt: skip
+            return
         self._exclude(excluded)
         nodes = ",".join(verdict.nodes)
         line = (f"excluding node(s) {nodes} ({verdict.reason}) and requeueing job "
