@@ -89,15 +89,15 @@ def init_group(config: DistConfig | None = None, *, env: ClusterEnv | None = Non
 
 
 FLIGHT_RECORDER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-"""torch's flight-recorder buffer size, under its name and the NCCL-only name of older torch."""
+"""torch's flight-recorder buffer size, under its name and its older NCCL-only name (which
+torch 2.13 reads with a deprecation warning: phalanx sets only the first)."""
 
 
 def enable_flight_recorder(entries: int, environ: Any) -> None:
     """torch's record of the last collectives, read after a hang (phalanx.lifecycle.
     flight_recorder); set before the process group exists. The user's own setting wins."""
     if entries > 0 and not any(name in environ for name in FLIGHT_RECORDER_VARS):
-        for name in FLIGHT_RECORDER_VARS:
-            environ[name] = str(entries)
+        environ[FLIGHT_RECORDER_VARS[0]] = str(entries)
 
 
 def _attempt_store(env: ClusterEnv, timeout: timedelta) -> Any:
