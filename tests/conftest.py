@@ -51,11 +51,25 @@ def need_command(*names: str) -> None:
     need(not missing, f"command(s) {', '.join(missing)}")
 
 
+# Variables torch's compiler and kernel libraries set for themselves once per process (cache and
+# tool paths, OpenMP runtime flags): no launcher reads them, and removing them would only make
+# the next compile set them again.
+_TORCH_OWN = ("TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_", "TORCH_WARM_POOL", "CUBLAS_", "KMP_")
+
+
+def _watched() -> dict[str, str]:
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k != "PYTEST_CURRENT_TEST" and not k.startswith(_TORCH_OWN)
+    }
+
+
 @pytest.fixture(autouse=True)
 def _restore_environ() -> Iterator[None]:
-    before = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    before = _watched()
     yield
-    now = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    now = _watched()
     leaked = set(now) ^ set(before)
     changed = {k for k in set(now) & set(before) if now[k] != before[k]}
     for key in leaked | changed:
