@@ -116,13 +116,17 @@ def test_a_rank_stuck_on_its_first_batch_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(200)
-def test_a_slow_rank_is_no_hang_and_phalanx_top_shows_the_run_live(tmp_path: Path) -> None:
-    # Rank 1 takes 1 s per step, rank 0 waits for it each time: 12 steps, no step longer than
-    # the 8 s limit (the workers' first batch under CI load included), so no hang may be called.
-    # The same launch is the running 2-rank job that `phalanx top` watches in tmux.
+def test_a_straggler_is_named_no_hang_called_and_phalanx_top_shows_it_live(
+    tmp_path: Path,
+) -> None:
+    # Every rank's forward takes 0.6 s, rank 1's 30% longer, and rank 0 waits for it each time:
+    # 12 steps, logging points at 4, 8 and 12, no step longer than the 8 s limit (the workers'
+    # first batch under CI load included), so no hang may be called, but rank 1 is a straggler
+    # at every logging point: named at the third. The same launch is the running 2-rank job
+    # that `phalanx top` watches in tmux.
     run_dir, stderr = tmp_path / "run", tmp_path / "stderr.txt"
     command = [str(VENV_BIN / "phalanx"), "run", "-n", "2", WORKER, f"run.dir={run_dir}", *COMMON,
-               "fail.slow_rank_s=1.0", "train.hang_timeout_s=8"]  # fmt: skip
+               "fail.step_s=0.6", "fail.slow_rank_extra=0.3", "train.hang_timeout_s=8"]  # fmt: skip
     with stderr.open("w") as err:
         launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err,
                                     env=base_env(), start_new_session=True)  # fmt: skip
@@ -133,11 +137,22 @@ def test_a_slow_rank_is_no_hang_and_phalanx_top_shows_the_run_live(tmp_path: Pat
         if launcher.poll() is None:
             kill_and_wait([launcher.pid, *descendants(launcher.pid)])
             launcher.wait()
-    assert "phalanx.hang" not in stderr.read_text()
+    err = stderr.read_text()
+    assert "phalanx.hang" not in err
+    (named,) = [x for x in err.splitlines() if "WARNING phalanx.train: straggler:" in x]
+    assert "rank 1 (" in named and "at 3 logging points in a row" in named, named
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    points = [r for r in records if "forward_ms" in r]
+    assert [r["step"] for r in points] == [4, 8, 12]
+    assert [r["slowest_rank"] for r in points] == [1, 1, 1]
+    assert [("straggler" in r) for r in points] == [False, False, True]
+    forward = {rank: ms["forward"] for rank, _, ms in points[-1]["ranks_ms"]}
+    assert 1.2 < forward[1] / forward[0] < 1.45, forward  # 780 ms against 600 ms
     live = [s for s in screens if "training" in s and "steps/s" in s]
     assert live, [s for s in screens if s.strip()][-3:] or len(screens)
     assert "/ 12" in live[-1] and "ETA" in live[-1] and "2 on 1 node(s)" in live[-1]
     assert "checkpoint │ step" in live[-1]
+    assert "forward" in live[-1] and "rank 1 " in live[-1] and "slowest" in live[-1]
     piped = run([str(VENV_BIN / "phalanx"), "top", str(run_dir)], timeout=60)
     assert piped.returncode == 0 and "done" in piped.stdout and "12 / 12" in piped.stdout
     unknown = run([str(VENV_BIN / "phalanx"), "top", str(tmp_path / "nope")], timeout=60)

@@ -53,6 +53,10 @@ class Fail:
     """Rank 1 blocks forever fetching its first sample (needs data.num_workers=0)."""
     slow_rank_s: float = 0.0
     """Rank 1 sleeps this long after every step: slow, but making progress."""
+    step_s: float = 0.0
+    """Every rank's forward takes this much longer (sleeping): a step of known compute time."""
+    slow_rank_extra: float = 0.0
+    """Rank 1's forward takes this share of step_s longer still: a straggler."""
     mark_at_step: int = 0
     """Rank 0 writes marker-<SLURM_RESTART_COUNT>.txt after this step (tests wait for it)."""
 
@@ -145,6 +149,9 @@ def main() -> None:
             x, y, ids = batch
             state = trainer.state
             loss = nn.functional.mse_loss(model(x), y)
+            fail = d.config.fail
+            if fail.step_s:  # fault injection: simulated compute, not a wait
+                time.sleep(fail.step_s * (1 + (fail.slow_rank_extra if rank == 1 else 0.0)))
             if d.config.model.extra:  # in the graph, so that DDP finds it used
                 loss = loss + 0.0 * unwrap(model).extra.sum()
             record = {"step": state.step + 1, "ids": ids.tolist(), "epoch": state.epoch,

@@ -129,6 +129,12 @@ class TrainConfig:
     """Stop the run, naming the stuck rank, when the slowest rank completes no step for this
     long (evaluations, saves and the first step's compute excepted); 0: off. Keep it below
     dist.timeout_s and above the longest step."""
+    straggler_threshold: float = 0.1
+    """Name a rank (once: a warning and a `straggler` record) whose own work, its time outside
+    collectives, exceeds the other ranks' median by this share of a step (and 5 ms) at
+    train.straggler_points logging points in a row; 0: off."""
+    straggler_points: int = 3
+    """Logging points in a row a rank must be slow at before it is named a straggler."""
 
     def __post_init__(self) -> None:
         check_choice("train.precision", self.precision, PRECISIONS)
@@ -160,6 +166,8 @@ class TrainConfig:
             ("train.ddp_bucket_mb", self.ddp_bucket_mb, 0.001),
             ("train.hsdp_shard_size", self.hsdp_shard_size, 0),
             ("train.hang_timeout_s", self.hang_timeout_s, 0),
+            ("train.straggler_threshold", self.straggler_threshold, 0),
+            ("train.straggler_points", self.straggler_points, 1),
         ):
             _at_least(key, value, low)
 

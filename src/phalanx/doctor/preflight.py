@@ -34,19 +34,23 @@ SLOW_FACTOR = 1.5
 ALLREDUCE_MB = 16
 
 
-def time_gemm(device: torch.device, *, reps: int = 7) -> float:
-    """The fastest of `reps` timed products (after one untimed), synchronised on the device."""
+def time_gemm(device: torch.device, *, reps: int = 7, min_s: float = 0.1) -> float:
+    """The fastest of at least `reps` timed products spread over at least `min_s` seconds (after
+    one untimed), synchronised on the device. The spread is what makes the fastest stable on a
+    shared host: a burst of other work can slow every product of a few milliseconds' window,
+    hardly every one of a tenth of a second."""
     cuda = device.type == "cuda"
     n, dtype = (4096, torch.bfloat16) if cuda else (512, torch.float32)
     gen = torch.Generator(device).manual_seed(0)
     a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
     b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-    times = []
-    for i in range(reps + 1):
+    (a @ b).sum().item()  # untimed: allocation and kernel choice
+    times: list[float] = []
+    began = time.perf_counter()
+    while len(times) < reps or (time.perf_counter() - began < min_s and len(times) < 50 * reps):
         start = time.perf_counter()
         (a @ b).sum().item()  # the sync: the product is done when its sum is on the host
-        if i:
-            times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - start)
     return min(times)
 
 

@@ -34,6 +34,7 @@ def rows(snap: Snapshot) -> list[tuple[str, str]]:
     for key, label, fmt in shown:
         if key in s:
             out.append((label, fmt.format(s[key])))
+    out += phase_rows(s)
     ranks = s.get("world_size", "?")
     out.append(("ranks", f"{ranks} on {len(snap.hosts)} node(s): {', '.join(snap.hosts) or '?'}"))
     step, age = snap.checkpoint or (None, None)
@@ -43,6 +44,23 @@ def rows(snap: Snapshot) -> list[tuple[str, str]]:
         where = f"on {job.get('NodeList', '?')}, restarts {job.get('Restarts', '0')}"
         out.append(("SLURM", f"job {job.get('JobId', '?')} {job.get('JobState', '?')} {where}"))
     out += [("event", line) for line in snap.events]
+    return out
+
+
+def phase_rows(status: dict[str, Any]) -> list[tuple[str, str]]:
+    """Milliseconds per step by phase: median (max) over ranks, each rank's in small worlds,
+    the slowest rank's place and a straggler's line (phalanx.train.phases)."""
+    phases = status.get("phases_ms")
+    if not phases:
+        return []
+    out = [("phases", "ms/step, median (max): " + "  ".join(
+        f"{name} {v[1]:.1f} ({v[2]:.1f})" for name, v in phases.items()))]  # fmt: skip
+    for rank, host, ms in status.get("ranks_ms", []):
+        out.append((f"rank {rank}", f"{host}: " + "  ".join(f"{n} {v:.1f}" for n, v in ms.items())))
+    if "slowest_where" in status:
+        out.append(("slowest", status["slowest_where"]))
+    if "straggler" in status:
+        out.append(("straggler", status["straggler"]))
     return out
 
 

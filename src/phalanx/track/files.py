@@ -51,7 +51,11 @@ class JsonlTracker:
         return 0  # rewinds instead
 
     def finish(self) -> None:
-        records = read_records(self.path)
+        # One column per scalar: nested values (per-phase and per-rank times) stay in the JSONL.
+        records = [
+            {k: v for k, v in r.items() if not isinstance(v, (dict, list))}
+            for r in read_records(self.path)
+        ]
         if not records:
             return
         columns = list(dict.fromkeys(key for record in records for key in record))

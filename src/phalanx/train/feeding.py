@@ -166,3 +166,8 @@ def _record_on(batch: Any, stream: torch.cuda.Stream) -> None:
     elif isinstance(batch, (list, tuple)):
         for value in batch:
             _record_on(value, stream)
+
+
+def sampler_of(loader: Any) -> GlobalOrderSampler | None:
+    """The training loader's sampler for map-style data (None: iterable data)."""
+    return loader.sampler if isinstance(loader.sampler, GlobalOrderSampler) else None

@@ -19,6 +19,7 @@ from phalanx.errors import UsageError
 from phalanx.train.grad_norm import GradNorm, clip_grads_, full_norm
 from phalanx.train.guard import NanGuard, masked_step
 from phalanx.train.metrics import Metrics
+from phalanx.train.phases import PhaseClock
 from phalanx.train.precision import Precision
 from phalanx.train.strategy import ddp_module, unwrap
 
@@ -88,6 +89,8 @@ class StepParts:
     of the batch and ring attention (phalanx.train.context_parallel); None: none."""
     grad_norm: GradNorm = field(default_factory=GradNorm)
     """The gradients' norm each step, replayed from a CUDA graph where it can be (grad_norm.py)."""
+    clock: PhaseClock | None = None
+    """Told when forward, backward and the optimizer begin (phalanx.train.phases); None: no one."""
 
 
 @contextlib.contextmanager
@@ -119,11 +122,13 @@ def optimizer_step(parts: StepParts, micro_batches: Iterable[Any], *, step: int)
     for i, batch in enumerate(batches):
         split = parts.batch_context(batch) if parts.batch_context else contextlib.nullcontext()
         with _maybe_no_sync(parts, index=i, count=len(batches)), split:
+            _phase(parts, "forward")
             with parts.precision.autocast():
                 loss, extra = split_output(parts.train_step(parts.model, batch))
             to_backward = parts.guard.observe_loss(loss, carry=carry)
             # x / 1 == x bitwise: one launch fewer per step without accumulation.
             n = len(batches)
+            _phase(parts, "backward")
             parts.precision.backward(to_backward / n if n > 1 else to_backward)
         # Kept by reference, no launch until a logging point; a copy when graphs would overwrite.
         kept = {"loss": loss, **extra}
@@ -131,7 +136,13 @@ def optimizer_step(parts: StepParts, micro_batches: Iterable[Any], *, step: int)
             parts.metrics.add(name, value.detach().clone() if parts.copy_outputs else value)
         share = float(batch_size_of(batch)) / parts.ranks_per_batch
         parts.metrics.add("samples", share, reduce="sum")
+    _phase(parts, "optimizer")
     _update(parts, step, carried=carry)
+
+
+def _phase(parts: StepParts, name: str) -> None:
+    if parts.clock is not None:
+        parts.clock.switch(name)
 
 
 def _gradients_carry_the_verdict(parts: StepParts) -> bool:

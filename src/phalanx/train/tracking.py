@@ -20,6 +20,8 @@ from phalanx.track import Tracking, open_tracking, read_records
 from phalanx.track.plots import end_of_run_plots
 
 log = logging.getLogger("phalanx.track")
+SHOWN = ("phases_ms", "ranks_ms", "slowest_where", "straggler")
+"""Records' non-numeric values that status.json keeps (phalanx top shows them)."""
 
 
 class RunTracking:
@@ -81,7 +83,9 @@ class RunTracking:
             return
         if values is not None and "loss" in values:  # training records, not evaluations
             last = (self._status.get("step"), self._status.get("time"))
-            self._status.update({k: v for k, v in values.items() if isinstance(v, (int, float))})
+            self._status.update(
+                {k: v for k, v in values.items() if isinstance(v, (int, float)) or k in SHOWN}
+            )
             if last[0] is not None and last[1] and self._status["time"] > last[1]:
                 steps = self._status["step"] - last[0]
                 self._status["steps_per_s"] = steps / (self._status["time"] - last[1])

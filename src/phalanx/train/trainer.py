@@ -17,7 +17,6 @@ from phalanx.checkpoint.checkpointer import Checkpointer
 from phalanx.checkpoint.position import TrainState
 from phalanx.config.training import CUDA_GRAPH_MODES, TrainerConfig
 from phalanx.data.loader import start_workers
-from phalanx.data.sampler import GlobalOrderSampler
 from phalanx.data.seeding import seed_everything
 from phalanx.dist.process_group import Dist
 from phalanx.errors import UsageError
@@ -35,6 +34,7 @@ from phalanx.train.meta_init import InitFn, ModelFactory
 from phalanx.train.metrics import Metrics
 from phalanx.train.optim import OptimizerArg, SchedulerArg, build_optimizer, build_scheduler
 from phalanx.train.parallelize import ModelInit, TpPlan, WrapOptions, wrap_model
+from phalanx.train.phases import LoopPhases
 from phalanx.train.precision import Precision
 from phalanx.train.progress import Throughput, peak_flops, progress_line
 from phalanx.train.step import StepFn, StepParts, optimizer_step, sync_debug
@@ -78,12 +78,9 @@ class Trainer:
         init_weights: InitFn | None = None,
         tp_plan: TpPlan | None = None,
     ) -> None:
-        resolved = config if config is not None else handle.config
-        if not isinstance(resolved, TrainerConfig):
-            raise UsageError(
-                "Trainer needs a phalanx.TrainerConfig (pass config=, or init with it)"
-            )
-        config = resolved
+        config = config if config is not None else handle.config  # type: ignore[assignment]
+        if not isinstance(config, TrainerConfig):
+            raise UsageError("Trainer needs a phalanx.TrainerConfig: pass config= or init with one")
         if eval_data is not None and eval_step is None:
             raise UsageError("eval_data was given without eval_step; pass both or neither")
         self.config, self.handle, self.env = config, handle, handle.env
@@ -119,6 +116,10 @@ class Trainer:
         if warning and self.env.is_main_process and self.precision.scaler is None:
             log.warning(warning)
         self.metrics = Metrics(handle.device)
+        self._phases = LoopPhases(
+            handle.device, one_copy_per_rank=self.layout.kind != "sharded",
+            threshold=train.straggler_threshold, points=train.straggler_points,
+        )  # fmt: skip
         self._parts = StepParts(
             model=self.model, optimizer=self.optimizer, train_step=train_step,
             precision=self.precision, guard=self.guard, metrics=self.metrics,
@@ -127,6 +128,7 @@ class Trainer:
             copy_outputs=train.compile and train.compile_mode in CUDA_GRAPH_MODES,
             ranks_per_batch=self.layout.ranks_per_batch,
             batch_context=context_split(self.layout, self.config.parallel.cp_seq_dims),
+            clock=self._phases.clock,
         )  # fmt: skip
 
     def _build_bookkeeping(
@@ -158,11 +160,9 @@ class Trainer:
         self._advice = feeding.WorkerAdvice(self.config, self.env)
         self._total_steps = 0
         self.throughput = Throughput(
-            world_size=self.env.world_size,
-            flops_per_sample=flops_per_sample,
-            tokens_per_sample=tokens_per_sample,
-            peak=peak_flops(self.handle.device),
-        )
+            world_size=self.env.world_size, flops_per_sample=flops_per_sample,
+            tokens_per_sample=tokens_per_sample, peak=peak_flops(self.handle.device),
+        )  # fmt: skip
 
     @property
     def stop_requested(self) -> bool:
@@ -211,7 +211,7 @@ class Trainer:
             collate_fn=self.collate_fn, start=(self.state.epoch, self.state.global_index),
             ranks=self.layout.data_shard,
         )  # fmt: skip
-        sampler, accum = _sampler(loader), self.config.train.grad_accum
+        sampler, accum = feeding.sampler_of(loader), self.config.train.grad_accum
         per_epoch = steps_per_epoch(sampler, accum) if sampler is not None else 0
         self._total_steps = self.max_steps or self.config.train.epochs * per_epoch
         self._tracking.set_total_steps(self._total_steps)
@@ -226,7 +226,7 @@ class Trainer:
         """Steps from the current position; True when the epoch's data ran out, False when
         max_steps or an agreed stop came first (a resume then continues inside this epoch)."""
         accum = self.config.train.grad_accum
-        sampler = _sampler(loader)
+        sampler = feeding.sampler_of(loader)
         if sampler is not None:
             sampler.set_position(self.state.epoch, self.state.global_index)
         # Map-style data: every rank can take this many steps (iterable data: until one can't).
@@ -277,6 +277,7 @@ class Trainer:
         self.state.step += 1
         self._beat("after")
         self.throughput.count_step()
+        self._phases.clock.step_done()
 
     def _log_evaluate_save(self) -> None:
         """Logging, evaluation, the regular checkpoint and callbacks after a step."""
@@ -361,6 +362,7 @@ class Trainer:
 
     def _beat(self, phase: str) -> None:
         self._hang.beat(self.state.step, phase)
+        self._phases.clock.switch(phase)
 
     def _log(self) -> None:
         """A logging point: the only place training values reach the host."""
@@ -371,6 +373,7 @@ class Trainer:
         if self.precision.scaler is not None:
             values["scaler_skips"] = int(self.precision.scaler_skips.item())
         values["lr"] = self.optimizer.param_groups[0]["lr"]
+        values.update(self._phases.point(self._loop.host_group))
         if self.handle.device.type == "cuda":  # this rank's peak since the start
             values["gpu_mem_gb"] = torch.cuda.max_memory_allocated(self.handle.device) / 2**30
         values = {"step": self.state.step, "epoch": self.state.epoch, **values}
@@ -391,8 +394,3 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Training position (host values) for checkpoints."""
         return asdict(self.state)
-
-
-def _sampler(loader: Any) -> GlobalOrderSampler | None:
-    """The training loader's sampler for map-style data (None: iterable data)."""
-    return loader.sampler if isinstance(loader.sampler, GlobalOrderSampler) else None
