@@ -104,9 +104,20 @@ def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
         "atomically",
     )  # fmt: skip
     export.add_argument(
-        "--format", default="torch", choices=("torch", "safetensors"),
+        "--format", default="torch", choices=("torch", "safetensors", "peft"),
         help="torch: one state dict file; safetensors: a Hugging Face directory, written "
-        "shard by shard (needs pip install 'phalanx[hf]')",
+        "shard by shard (needs pip install 'phalanx[hf]'); peft: a peft model's adapters "
+        "(adapter_model.safetensors, adapter_config.json; needs pip install 'phalanx[lora]')",
+    )  # fmt: skip
+    export.add_argument(
+        "--merge-adapters", action="store_true",
+        help="with --format safetensors: a peft model with its adapters merged into its "
+        "weights, loadable with from_pretrained (needs peft)",
+    )  # fmt: skip
+    export.add_argument(
+        "--model-dir", default=None, metavar="DIR",
+        help="peft, --merge-adapters: the model's config.json and adapter_config.json (default: "
+        "the run directory's model/, written by the Trainer)",
     )  # fmt: skip
     export.add_argument(
         "--max-shard-size", default="5GB", metavar="SIZE",
@@ -258,6 +269,16 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from phalanx.checkpoint.export import export_weights
     from phalanx.checkpoint.export_safetensors import parse_size
 
+    if args.merge_adapters and args.format != "safetensors":
+        raise UsageError("--merge-adapters writes a whole model: add --format safetensors")
+    if args.format == "peft" or args.merge_adapters:
+        from phalanx.checkpoint.export_peft import export_adapters
+
+        model_dir = Path(args.model_dir) if args.model_dir else None
+        source, count = export_adapters(Path(args.checkpoint_dir), Path(args.out),
+                                        merge=args.merge_adapters, model_dir=model_dir)  # fmt: skip
+        print(f"exported {count} tensors of {source} to {args.out}")
+        return 0
     source, count = export_weights(
         Path(args.checkpoint_dir), Path(args.out), format=args.format,
         max_shard_bytes=parse_size(args.max_shard_size),

@@ -101,10 +101,12 @@ class AsyncSaver:
         state: Mapping[str, Any],
         *,
         on_done: Callable[[], None] | None = None,
+        ignore_frozen: bool = False,
     ) -> SaveHandle:
-        """Wait for the previous save (and its `on_done`), then start this one."""
+        """Wait for the previous save (and its `on_done`), then start this one (without the
+        parameters of requires_grad=False under `ignore_frozen`)."""
         self.wait()
-        payload = prepare_payload(step_dir, state)
+        payload = prepare_payload(step_dir, state, ignore_frozen=ignore_frozen)
         if self._plan is None:  # before anything is allocated; collective, like the save
             pinned, writer = self._stager.pinned, str(self._writer.value)
             self._plan = plan_staging(payload, writer=writer, pinned=pinned, group=self._group)

@@ -4,6 +4,8 @@ A checkpoint of step N (checkpoints/step-N, see phalanx.checkpoint.CheckpointSto
 - rank-K.pt   every rank: its RNG states (python, numpy, torch, CUDA) as tensors
 - model.pt    rank 0: the model's state dict (no wrapper prefixes)
 - optimizer.pt, trainer.pt   rank 0: optimizer; step, epoch, data position, scheduler, scaler
+Frozen parameters (requires_grad=False) are left out unless checkpoint.save_frozen: trainer.pt
+records their names and a fingerprint instead (phalanx.checkpoint.frozen).
 The data position (epoch, global sample index) does not depend on the world size, so a resume on
 another number of ranks continues with the next unseen sample (RNG streams then restart).
 
@@ -26,6 +28,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from phalanx.checkpoint import files
+from phalanx.checkpoint.frozen import fingerprint
 from phalanx.checkpoint.position import TrainState
 from phalanx.checkpoint.resume import Restorable, load_checkpoint, resume_source
 from phalanx.checkpoint.rng import capture_rng
@@ -90,6 +93,7 @@ class Checkpointer:
         # Written, not committed: step, meta.json's extra keys, this rank's file records so far.
         self._pending: tuple[int, dict[str, Any], Records] | None = None
         self._last_step = -1
+        self._frozen: tuple[dict[str, Any] | None] | None = None  # computed at the first save
 
     @property
     def store(self) -> CheckpointStore | None:
@@ -191,6 +195,7 @@ class Checkpointer:
         """This rank's files and the records of those written so far (an async write's come
         with its completion); the error text instead of raising, so that all ranks can agree."""
         step, live, records = state.step, self._live, {}
+        frozen = self._frozen_record()
         try:
             store.partial_dir(step)
             if self._config.sharded:
@@ -199,12 +204,14 @@ class Checkpointer:
             records[name] = store.write(step, name, {"rng": capture_rng()})
             if self._env.is_main_process:
                 if not self._config.sharded:
-                    records["model.pt"] = store.write(
-                        step, "model.pt", module_state_dict(live.model)
-                    )
+                    model = module_state_dict(live.model)
+                    for name in frozen["names"] if frozen else []:
+                        del model[name]
+                    records["model.pt"] = store.write(step, "model.pt", model)
                     optimizer = live.optimizer.state_dict()
                     records["optimizer.pt"] = store.write(step, "optimizer.pt", optimizer)
-                records["trainer.pt"] = store.write(step, "trainer.pt", self._payload(state))
+                payload = self._payload(state) | {"frozen": frozen}
+                records["trainer.pt"] = store.write(step, "trainer.pt", payload)
         except dcp_errors(UsageError, OSError) as error:
             return self._rank_error(error), records
         return None, records
@@ -217,12 +224,21 @@ class Checkpointer:
         from phalanx.checkpoint.sharded_layout import sharded_dir
 
         state = {"model": self._live.model, "optimizer": self._live.optimizer}
+        skip = self._frozen_record() is not None
         if not self._config.async_save:
-            return save_sharded(sharded_dir(store, step), state).records
+            return save_sharded(sharded_dir(store, step), state, ignore_frozen=skip).records
         if self._saver is None:  # created at the first save: a collective (its own group)
             self._saver = AsyncSaver(writer=self._config.async_writer)
-        self._saver.save(sharded_dir(store, step), state)
+        self._saver.save(sharded_dir(store, step), state, ignore_frozen=skip)
         return {}
+
+    def _frozen_record(self) -> dict[str, Any] | None:
+        """The frozen parameters' names and fingerprint (None: none, or checkpoint.save_frozen),
+        computed at the first save on every rank (a collective for split parameters)."""
+        if self._frozen is None:
+            keep = self._config.save_frozen
+            self._frozen = (None if keep else fingerprint(self._live.model),)
+        return self._frozen[0]
 
     def _payload(self, state: TrainState) -> dict[str, Any]:
         scheduler, scaler = self._live.scheduler, self._live.scaler

@@ -21,6 +21,7 @@ import os
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -54,14 +55,16 @@ def export_weights(
     out = out.resolve()  # `.` has no name to build the temporary one from
     if format == "torch":
         _check_out(Path(out))  # before reading what may be gigabytes
-        source = _locate(Path(checkpoint))
-        weights = _read_weights(source)
+        source = locate_step(Path(checkpoint))
+        refuse_partial(source)
+        weights = read_weights(source)
         _write(weights, Path(out))
         return source, len(weights)
     from phalanx.checkpoint.export_safetensors import check_out_dir, write_safetensors
 
     check_out_dir(Path(out), hf_config)
-    source = _locate(Path(checkpoint))
+    source = locate_step(Path(checkpoint))
+    refuse_partial(source)
     count = write_safetensors(
         CheckpointWeights(source), Path(out), max_shard_bytes=max_shard_bytes, hf_config=hf_config
     )
@@ -80,7 +83,7 @@ class CheckpointWeights:
             self.entries = {k: (t.shape, t.dtype) for k, t in self._model_pt.items()}
             return
         sharded = find_sharded(source)
-        assert sharded is not None, "_locate returns checkpoints with model.pt or sharded/"
+        assert sharded is not None, "locate_step returns checkpoints with model.pt or sharded/"
         self._sharded = sharded
         self.entries = {
             key[len(_MODEL_PREFIX) :]: (size, dtype)
@@ -95,7 +98,7 @@ class CheckpointWeights:
         return {name: loaded[key] for name, key in zip(names, keys, strict=True)}
 
 
-def _locate(path: Path) -> Path:
+def locate_step(path: Path) -> Path:
     """The step (or DCP) directory to export from `path`; UsageError when there is none."""
     if not path.is_dir():
         what = "does not exist" if not path.exists() else "is a file, not a directory"
@@ -136,11 +139,31 @@ def _verify(step_dir: Path) -> None:
         raise UsageError(f"checkpoint '{step_dir}' is damaged ({found}); export an earlier step")
 
 
-def _read_weights(source: Path) -> dict[str, torch.Tensor]:
+def frozen_left_out(source: Path) -> dict[str, Any] | None:
+    """The record of the frozen parameters a Trainer checkpoint left out (names, fingerprint:
+    phalanx.checkpoint.frozen), or None when it holds the whole model."""
+    payload = source / "trainer.pt"
+    if not payload.is_file():
+        return None
+    record = torch.load(payload, weights_only=True, map_location="cpu").get("frozen")
+    return record if isinstance(record, dict) else None
+
+
+def refuse_partial(source: Path) -> None:
+    frozen = frozen_left_out(source)
+    if frozen:
+        raise UsageError(
+            f"checkpoint '{source}' leaves out the model's {len(frozen['names'])} frozen "
+            "parameter(s) (checkpoint.save_frozen=false): export the adapters with --format "
+            "peft, or the whole model with --format safetensors --merge-adapters"
+        )
+
+
+def read_weights(source: Path) -> dict[str, torch.Tensor]:
     if (source / MODEL_FILE).is_file():
         return _read_model_pt(source / MODEL_FILE)
     sharded = find_sharded(source)
-    assert sharded is not None, "_locate returns checkpoints with model.pt or sharded/"
+    assert sharded is not None, "locate_step returns checkpoints with model.pt or sharded/"
     return _read_sharded(sharded)
 
 

@@ -106,7 +106,7 @@ def write_safetensors(
         for config in _configs(hf_config):
             files.write_text_synced(tmp / config.name, config.read_text())
         files.fsync_dir(tmp)
-        _replace_dir(tmp, out)
+        replace_dir(tmp, out)
     except OSError as error:
         shutil.rmtree(tmp, ignore_errors=True)
         raise files.storage_error(out.parent, error) from error
@@ -136,7 +136,7 @@ def _write_shard(tensors: dict[str, torch.Tensor], path: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def _replace_dir(new: Path, out: Path) -> None:
+def replace_dir(new: Path, out: Path) -> None:
     """Rename `new` to `out`; an existing `out` is moved aside first and removed after (a
     directory cannot be replaced by one rename)."""
     old = out.with_name(f".{out.name}.{os.getpid()}.old{files.TMP_SUFFIX}")

@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 from torch.optim import Optimizer
 
+from phalanx.checkpoint import frozen as frozen_params
 from phalanx.checkpoint.position import TrainState
 from phalanx.checkpoint.rng import restore_rng
 from phalanx.checkpoint.sharded_layout import find_sharded
@@ -66,17 +67,23 @@ def resume_source(
     return source, int(name[5:])
 
 
-def _load_weights(store: CheckpointStore, step: int, into: Restorable) -> None:
-    """Model and optimizer state; a checkpoint of another model or optimizer (torch's
-    multi-line size-mismatch or parameter-group error) is one line naming the way out (a
-    sharded one: load_sharded says so itself)."""
+def _load_weights(
+    store: CheckpointStore, step: int, into: Restorable, *, frozen: list[str]
+) -> None:
+    """Model and optimizer state (but the `frozen` parameters the checkpoint left out); a
+    checkpoint of another model or optimizer (torch's multi-line size-mismatch or
+    parameter-group error) is one line naming the way out (a sharded one: load_sharded says so
+    itself)."""
     if find_sharded(store.step_dir(step)) is not None:  # collective; reshards to this world
         from phalanx.checkpoint.sharded import load_sharded  # DCP, only for a sharded checkpoint
 
-        load_sharded(store.step_dir(step), into.model, into.optimizer)
+        load_sharded(store.step_dir(step), into.model, into.optimizer, ignore_frozen=bool(frozen))
         return
     try:  # no collective runs here: an error is this checkpoint's, not a peer's
-        into.model.load_state_dict(store.read(step, "model.pt"))
+        missing, unexpected = into.model.load_state_dict(store.read(step, "model.pt"), strict=False)
+        lacking = sorted(set(missing) - set(frozen))
+        if lacking or unexpected:
+            raise RuntimeError(f"missing keys {lacking[:3]}, unexpected keys {unexpected[:3]}")
         into.optimizer.load_state_dict(store.read(step, "optimizer.pt"))
     except (RuntimeError, ValueError) as error:
         raise _mismatch(store.step_dir(step), error) from error
@@ -104,8 +111,12 @@ def load_checkpoint(
     fingerprint: str | None,
 ) -> TrainState:  # fmt: skip
     """Load committed `step` into `into` (collective for sharded checkpoints); its position."""
-    _load_weights(store, step, into)
     payload = store.read(step, "trainer.pt")
+    frozen = payload.get("frozen")
+    if frozen is not None:  # left out of the checkpoint: the rebuilt model's must be the same
+        now = frozen_params.fingerprint(into.model)
+        frozen_params.check_unchanged(frozen, now, store.step_dir(step))
+    _load_weights(store, step, into, frozen=frozen["names"] if frozen else [])
     if into.scheduler is not None and payload["scheduler"] is not None:
         into.scheduler.load_state_dict(payload["scheduler"])
     if into.scaler is not None and payload["scaler"] is not None:

@@ -47,6 +47,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -116,6 +117,7 @@ def save_sharded(
     *,
     async_: bool = False,
     process_group: dist.ProcessGroup | None = None,
+    ignore_frozen: bool = False,
 ) -> SaveHandle:
     """Write `state` = {"model": module, "optimizer": optimizer (optional)} as a DCP checkpoint.
 
@@ -125,9 +127,10 @@ def save_sharded(
     written in the background: call `.wait()` on every rank before the next save, before
     committing the step and before the process exits. Without `process_group`, an async save
     runs on a gloo group of its own, created here and released by `.wait()`; `AsyncSaver`
-    keeps one group for all its saves.
+    keeps one group for all its saves. `ignore_frozen`: leave out parameters with
+    requires_grad=False (phalanx.checkpoint.frozen).
     """
-    payload = prepare_payload(step_dir, state)
+    payload = prepare_payload(step_dir, state, ignore_frozen=ignore_frozen)
     if not async_:
         dcp_save(payload, checkpoint_id=step_dir, process_group=process_group)
         return SaveHandle(step_dir, None, None, records=own_records(step_dir, process_group))
@@ -135,13 +138,19 @@ def save_sharded(
     return start_async(step_dir, payload, group, stager=None, owns_group=process_group is None)
 
 
-def load_sharded(step_dir: Path, model: nn.Module, optimizer: Optimizer | None = None) -> None:
+def load_sharded(
+    step_dir: Path, model: nn.Module, optimizer: Optimizer | None = None, *,
+    ignore_frozen: bool = False,
+) -> None:  # fmt: skip
     """Load a sharded checkpoint into `model` (and `optimizer`) in place, on any world size.
 
     Collective over the default group. `step_dir` is a step directory holding `sharded/` or the
     DCP directory itself. Validate the step first (`CheckpointStore.valid_steps`); this reads
     what is there. TRUSTED INPUT ONLY: DCP unpickles the checkpoint's `.metadata`.
+    `ignore_frozen`: the checkpoint was saved without the parameters of requires_grad=False;
+    they keep their values.
     """
+    options = StateDictOptions(ignore_frozen_params=ignore_frozen, strict=not ignore_frozen)
     path = find_sharded(step_dir)
     if path is None:
         raise UsageError(
@@ -149,9 +158,9 @@ def load_sharded(step_dir: Path, model: nn.Module, optimizer: Optimizer | None =
             f"{SHARDED_DIR}/ folder; pass a step directory written by save_sharded"
         )
     if optimizer is None:
-        target: dict[str, Any] = {"model": get_model_state_dict(model)}
+        target: dict[str, Any] = {"model": get_model_state_dict(model, options=options)}
     else:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
         target = {"model": model_sd, "optimizer": optim_sd}
     try:
         dcp_load(target, checkpoint_id=path)
@@ -163,15 +172,16 @@ def load_sharded(step_dir: Path, model: nn.Module, optimizer: Optimizer | None =
             "saved from the same architecture (and with an optimizer if you pass one)"
         ) from error
     if optimizer is None:
-        set_model_state_dict(model, target["model"])
+        set_model_state_dict(model, target["model"], options=options)
     else:
-        set_state_dict(
-            model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optimizer"]
-        )
+        set_state_dict(model, optimizer, model_state_dict=target["model"],
+                       optim_state_dict=target["optimizer"], options=options)  # fmt: skip
 
 
-def prepare_payload(step_dir: Path, state: Mapping[str, Any]) -> dict[str, Any]:
-    payload = _state_dicts(state)
+def prepare_payload(
+    step_dir: Path, state: Mapping[str, Any], *, ignore_frozen: bool = False
+) -> dict[str, Any]:
+    payload = _state_dicts(state, ignore_frozen=ignore_frozen)
     try:
         step_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -241,8 +251,10 @@ def _then_hash(
     return hashed
 
 
-def _state_dicts(state: Mapping[str, Any]) -> dict[str, Any]:
-    """DCP's input for {"model": module, "optimizer": optimizer}: FQN-keyed state dicts."""
+def _state_dicts(state: Mapping[str, Any], *, ignore_frozen: bool = False) -> dict[str, Any]:
+    """DCP's input for {"model": module, "optimizer": optimizer}: FQN-keyed state dicts
+    (without parameters of requires_grad=False under `ignore_frozen`: phalanx.checkpoint.frozen)."""
+    options = StateDictOptions(ignore_frozen_params=ignore_frozen)
     unknown = sorted(set(state) - set(STATE_KEYS))
     model = state.get("model")
     if unknown or not isinstance(model, nn.Module):
@@ -253,12 +265,12 @@ def _state_dicts(state: Mapping[str, Any]) -> dict[str, Any]:
         )
     optimizer = state.get("optimizer")
     if optimizer is None:
-        return {"model": get_model_state_dict(model)}
+        return {"model": get_model_state_dict(model, options=options)}
     if not isinstance(optimizer, Optimizer):
         raise UsageError(
             f"save_sharded: 'optimizer' is a {type(optimizer).__name__}, not a torch Optimizer"
         )
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     return {"model": model_sd, "optimizer": optim_sd}
 
 

@@ -286,6 +286,10 @@ class CheckpointConfig:
     resume: str = "auto"
     """auto: continue from the newest valid checkpoint of this run directory, if any;
     never: start fresh; or the path of a step-N directory to start from."""
+    save_frozen: bool = False
+    """Write parameters with requires_grad=False (a LoRA run's base) into checkpoints too. Off:
+    they are left out, the run's script rebuilds them at every start, and a resume refuses a
+    base whose values differ from those the checkpoint was trained with."""
 
     def __post_init__(self) -> None:
         check_choice("checkpoint.best_mode", self.best_mode, get_args(BestMode))

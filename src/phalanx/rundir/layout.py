@@ -6,6 +6,8 @@
       logs/rank-K.log    per-rank log
       checkpoints/       step-N/ checkpoints; metrics.jsonl, plots/ (tracking)
       status.json        where training stands (rank 0, each logging point): `phalanx top`
+      model/             a Hugging Face model's config.json (and a peft model's
+                         adapter_config.json): what `phalanx export --format peft` rebuilds
 
 Naming, in order: `run.dir` when set (a launcher resolved it, or the user continues a run);
 `<name>-<SLURM_JOB_ID>` inside a SLURM job, so a requeued job (same id) finds its directory;
@@ -25,6 +27,7 @@ from pathlib import Path
 from phalanx.errors import UsageError
 
 CONFIG_FILE = "config.yaml"
+MODEL_DIR = "model"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The loop: public building blocks and a Trainer made only of them."""
 
 from phalanx.checkpoint.position import TrainState
+from phalanx.train.adapters import save_adapters
 from phalanx.train.callbacks import Callback
 from phalanx.train.evaluate import evaluate
 from phalanx.train.fused_loss import linear_cross_entropy
@@ -31,6 +32,7 @@ __all__ = [
     "masked_step",
     "model_state_dict",
     "optimizer_step",
+    "save_adapters",
     "unwrap",
     "wrap_model",
 ]

@@ -22,6 +22,7 @@ from phalanx.dist.process_group import Dist
 from phalanx.errors import UsageError
 from phalanx.lifecycle.preemption import RunInterrupted
 from phalanx.train import feeding
+from phalanx.train.adapters import record_model
 from phalanx.train.callbacks import Callback
 from phalanx.train.checkpointing import config_fingerprint, make_store
 from phalanx.train.context_parallel import context_split
@@ -203,6 +204,8 @@ class Trainer:
         """Resume, open the trackers, build the training loader (returned)."""
         self.state = self._checkpointer.resume() or self.state
         self._tracking.open(resume_step=self.state.step)
+        run_dir = None if self.dry_run or self.handle.run_dir is None else self.handle.run_dir.path
+        record_model(self.model, run_dir, main=self.env.is_main_process)  # for phalanx export
         for cb in self.callbacks:
             cb.on_train_start(self)
         self.throughput.restart()
