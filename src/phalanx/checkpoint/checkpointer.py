@@ -205,8 +205,8 @@ class Checkpointer:
             if self._env.is_main_process:
                 if not self._config.sharded:
                     model = module_state_dict(live.model)
-                    for name in frozen["names"] if frozen else []:
-                        del model[name]
+                    for key in frozen["names"] if frozen else []:
+                        del model[key]
                     records["model.pt"] = store.write(step, "model.pt", model)
                     optimizer = live.optimizer.state_dict()
                     records["optimizer.pt"] = store.write(step, "optimizer.pt", optimizer)
