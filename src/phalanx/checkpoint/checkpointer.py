@@ -93,7 +93,8 @@ class Checkpointer:
         # Written, not committed: step, meta.json's extra keys, this rank's file records so far.
         self._pending: tuple[int, dict[str, Any], Records] | None = None
         self._last_step = -1
-        self._frozen: tuple[dict[str, Any] | None] | None = None  # computed at the first save
+        # The frozen parameters' fingerprint, computed once (by a resume or the first save).
+        self._frozen: tuple[dict[str, Any] | None] | None = None
 
     @property
     def store(self) -> CheckpointStore | None:
@@ -232,13 +233,16 @@ class Checkpointer:
         self._saver.save(sharded_dir(store, step), state, ignore_frozen=skip)
         return {}
 
-    def _frozen_record(self) -> dict[str, Any] | None:
-        """The frozen parameters' names and fingerprint (None: none, or checkpoint.save_frozen),
-        computed at the first save on every rank (a collective for split parameters)."""
+    def _frozen_now(self) -> dict[str, Any] | None:
+        """The frozen parameters' names and fingerprint (None: none), computed once on every
+        rank (a collective for split parameters): they never change during the run."""
         if self._frozen is None:
-            keep = self._config.save_frozen
-            self._frozen = (None if keep else fingerprint(self._live.model),)
+            self._frozen = (fingerprint(self._live.model),)
         return self._frozen[0]
+
+    def _frozen_record(self) -> dict[str, Any] | None:
+        """What a save records and leaves out (None: nothing left out: checkpoint.save_frozen)."""
+        return None if self._config.save_frozen else self._frozen_now()
 
     def _payload(self, state: TrainState) -> dict[str, Any]:
         scheduler, scaler = self._live.scheduler, self._live.scaler
@@ -263,8 +267,10 @@ class Checkpointer:
         if found is None:
             return None
         store, step = found
-        state = load_checkpoint(store, step, self._live, env=self._env,
-                                fingerprint=self._fingerprint)  # fmt: skip
+        state = load_checkpoint(
+            store, step, self._live, env=self._env, fingerprint=self._fingerprint,
+            frozen_now=self._frozen_now,  # computed once: a save after the resume reuses it
+        )  # fmt: skip
         self._last_step = step
         return state
 

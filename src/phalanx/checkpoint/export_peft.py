@@ -20,16 +20,13 @@ import torch
 
 from phalanx.checkpoint import files
 from phalanx.checkpoint.export import check_apart, frozen_left_out, locate_step, read_weights
-from phalanx.checkpoint.export_safetensors import replace_dir
+from phalanx.checkpoint.export_safetensors import check_out_dir, replace_dir
 from phalanx.checkpoint.frozen import check_unchanged, fingerprint
 from phalanx.errors import UsageError
 from phalanx.rundir.layout import MODEL_DIR
 
-WRITTEN = {
-    "adapter_model.safetensors", "adapter_config.json", "README.md", "config.json",
-    "generation_config.json", "model.safetensors", "model.safetensors.index.json",
-}  # fmt: skip
-"""What an adapter or merged export may replace in an existing output directory."""
+PEFT_FILES = frozenset({"adapter_model.safetensors", "adapter_config.json", "README.md"})
+"""What peft's save_pretrained writes besides a safetensors export's files."""
 
 
 def export_adapters(
@@ -38,7 +35,7 @@ def export_adapters(
     """Write the adapters of `checkpoint` (merged into the model with `merge`) to the directory
     `out`; returns the step directory used and the number of tensors the model was given."""
     check_apart(checkpoint, out)
-    _check_out_dir(out)
+    check_out_dir(out.resolve(), None, also=PEFT_FILES)
     source = locate_step(checkpoint)
     folder = _model_dir(checkpoint, source, model_dir)
     model = _rebuild(folder, source, merge=merge)
@@ -54,18 +51,6 @@ def export_adapters(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return source, sum(1 for _ in model.state_dict())
-
-
-def _check_out_dir(out: Path) -> None:
-    if out.is_file():
-        raise UsageError(f"output '{out}' is a file; adapters go into a directory: pass one")
-    if not out.resolve().parent.is_dir():
-        raise UsageError(f"output folder '{out.resolve().parent}' does not exist; create it first")
-    if out.is_dir() and not all(entry.name in WRITTEN for entry in out.iterdir()):
-        raise UsageError(
-            f"output '{out}' is a directory with files no export writes; pass a new or empty "
-            "directory, or an earlier export to replace"
-        )
 
 
 def _model_dir(checkpoint: Path, source: Path, given: Path | None) -> Path:

@@ -40,12 +40,14 @@ class Weights(Protocol):
     def read(self, names: list[str]) -> dict[str, torch.Tensor]: ...
 
 
-def check_out_dir(out: Path, hf_config: Path | None) -> None:
+def check_out_dir(out: Path, hf_config: Path | None, *, also: frozenset[str] = frozenset()) -> None:
+    """An output directory the export may replace whole: new, or an earlier export's (its file
+    names, and those in `also`: what other export formats write there)."""
     if out.is_file():
         raise UsageError(f"output '{out}' is a file; safetensors go into a directory: pass one")
     if not out.parent.is_dir():
         raise UsageError(f"output folder '{out.parent}' does not exist; create it first")
-    if out.is_dir() and not all(_exported(entry.name) for entry in out.iterdir()):
+    if out.is_dir() and not all(_exported(e.name) or e.name in also for e in out.iterdir()):
         # The export replaces `out` whole: only an earlier export may be replaced.
         raise UsageError(
             f"output '{out}' is a directory with files no export writes; pass a new or empty "

@@ -9,6 +9,7 @@ world size that wrote them (elsewhere they start anew, with a warning).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,13 +109,14 @@ def _reason(error: BaseException) -> str:
 
 def load_checkpoint(
     store: CheckpointStore, step: int, into: Restorable, *, env: ClusterEnv,
-    fingerprint: str | None,
+    fingerprint: str | None, frozen_now: Callable[[], dict[str, Any] | None] | None = None,
 ) -> TrainState:  # fmt: skip
-    """Load committed `step` into `into` (collective for sharded checkpoints); its position."""
+    """Load committed `step` into `into` (collective for sharded checkpoints); its position.
+    `frozen_now`: the model's frozen-parameter fingerprint (default: computed here)."""
     payload = store.read(step, "trainer.pt")
     frozen = payload.get("frozen")
     if frozen is not None:  # left out of the checkpoint: the rebuilt model's must be the same
-        now = frozen_params.fingerprint(into.model)
+        now = frozen_now() if frozen_now else frozen_params.fingerprint(into.model)
         frozen_params.check_unchanged(frozen, now, store.step_dir(step))
     _load_weights(store, step, into, frozen=frozen["names"] if frozen else [])
     if into.scheduler is not None and payload["scheduler"] is not None:
