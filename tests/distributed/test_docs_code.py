@@ -27,6 +27,7 @@ TUTORIALS = (
     "tutorials/troubleshooting.md",
     "tutorials/mpi-horovod.md",
     "tutorials/large-models.md",
+    "tutorials/lora.md",
     "tutorials/parallel.md",
     "migrating.md",
 )

@@ -22,10 +22,12 @@ from phalanx.checkpoint import files
 from phalanx.checkpoint.export import check_apart, frozen_left_out, locate_step, read_weights
 from phalanx.checkpoint.export_safetensors import check_out_dir, replace_dir
 from phalanx.checkpoint.frozen import check_unchanged, fingerprint
+from phalanx.checkpoint.pretrained import need_safetensors
 from phalanx.errors import UsageError
 from phalanx.rundir.layout import MODEL_DIR
 
-PEFT_FILES = frozenset({"adapter_model.safetensors", "adapter_config.json", "README.md"})
+ADAPTER_FILE = "adapter_model.safetensors"
+PEFT_FILES = frozenset({ADAPTER_FILE, "adapter_config.json", "README.md"})
 """What peft's save_pretrained writes besides a safetensors export's files."""
 
 
@@ -33,7 +35,7 @@ def export_adapters(
     checkpoint: Path, out: Path, *, merge: bool = False, model_dir: Path | None = None
 ) -> tuple[Path, int]:
     """Write the adapters of `checkpoint` (merged into the model with `merge`) to the directory
-    `out`; returns the step directory used and the number of tensors the model was given."""
+    `out`; returns the step directory used and the number of tensors written."""
     check_apart(checkpoint, out)
     check_out_dir(out.resolve(), None, also=PEFT_FILES)
     source = locate_step(checkpoint)
@@ -43,14 +45,18 @@ def export_adapters(
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         if merge:
-            model.merge_and_unload().save_pretrained(tmp, safe_serialization=True)
+            model = model.merge_and_unload()
+            model.save_pretrained(tmp, safe_serialization=True)
+            count = sum(1 for _ in model.state_dict())
         else:
             model.save_pretrained(tmp)
+            adapters = need_safetensors().safe_open(str(tmp / ADAPTER_FILE), "pt")
+            count = len(adapters.keys())
         files.fsync_dir(tmp)
         replace_dir(tmp, out.resolve())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return source, sum(1 for _ in model.state_dict())
+    return source, count
 
 
 def _model_dir(checkpoint: Path, source: Path, given: Path | None) -> Path:

@@ -15,6 +15,7 @@ Two ways to read (`read=`), both tensor by tensor:
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -120,20 +121,24 @@ def open_weights(path: Path) -> WeightFile:
 
 
 def load_pretrained(
-    model: nn.Module, path: Path | str, *, read: Read = "slices", strict: bool = True
-) -> list[str]:
+    model: nn.Module, path: Path | str, *, read: Read = "slices", strict: bool = True,
+    may_lack: Collection[str] = (),
+) -> list[str]:  # fmt: skip
     """Copy the weights at `path` into `model`'s parameters and persistent buffers in place.
 
     Parameters may be DTensors (FSDP2): each rank fills its local shards. A collective with
     read="broadcast" (every rank must call it). strict: every key of the model must be in the
-    file and every key of the file in the model; otherwise the model's missing keys keep their
-    values. Returns the keys the file did not provide.
+    file (but those in `may_lack`: a peft model's adapters) and every key of the file in the
+    model; otherwise the model's missing keys keep their values. A peft model reads its base
+    model's files under the base's names (`peft_base_name`). Returns the keys the file did not
+    provide.
     """
     if read not in ("slices", "broadcast"):
         raise UsageError(f"read={read!r} is not one of: slices, broadcast")
     source = open_weights(Path(path))
-    targets, aliases = _targets(model)
-    missing = _check_keys(targets, aliases, source.shapes(), path, strict=strict)
+    targets, aliases = _targets(model, source.shapes())
+    missing = _check_keys(targets, aliases, source.shapes(), path, strict=strict,
+                          may_lack=set(may_lack))  # fmt: skip
     broadcast = read == "broadcast" and dist.is_initialized() and dist.get_world_size() > 1
     with torch.no_grad():
         for name, target in targets.items():
@@ -142,13 +147,25 @@ def load_pretrained(
     return missing
 
 
-def _targets(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The state dict's tensors (parameters as objects, tied ones once) and, for each tied
-    name, the name it shares a tensor with: Hugging Face files store a tied weight once."""
+def peft_base_name(name: str) -> str:
+    """A peft model's name for one of its base model's tensors, as the base's own files name
+    it: peft puts `base_model.model.` in front and moves each adapted layer's tensors under
+    `.base_layer`."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+def _targets(
+    model: nn.Module, in_file: Mapping[str, object]
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The state dict's tensors (parameters as objects, tied ones once) under the file's
+    names, and, for each tied name, the name it shares a tensor with: Hugging Face files store
+    a tied weight once."""
     targets: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     first: dict[int, str] = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
+    for own, tensor in model.state_dict(keep_vars=True).items():
+        name = own if own in in_file else peft_base_name(own)
+        name = name if name in in_file else own
         if id(tensor) in first:
             aliases[name] = first[id(tensor)]
         else:
@@ -159,7 +176,7 @@ def _targets(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]
 
 def _check_keys(
     targets: dict[str, torch.Tensor], aliases: dict[str, str],
-    shapes: dict[str, tuple[int, ...]], path: Path | str, *, strict: bool,
+    shapes: dict[str, tuple[int, ...]], path: Path | str, *, strict: bool, may_lack: set[str],
 ) -> list[str]:  # fmt: skip
     for alias, name in aliases.items():  # read a tied tensor under whichever name the file has
         if name not in shapes and alias in shapes:
@@ -174,9 +191,10 @@ def _check_keys(
     ]
     if wrong:
         raise UsageError(f"pretrained '{path}' has other shapes (file vs model): {_few(wrong)}")
-    if strict and (missing or unexpected):
+    lacking = [name for name in missing if name not in may_lack]
+    if strict and (lacking or unexpected):
         raise UsageError(
-            f"pretrained '{path}' does not match the model: missing {_few(missing)}, "
+            f"pretrained '{path}' does not match the model: missing {_few(lacking)}, "
             f"unexpected {_few(unexpected)}; build the model with the file's config"
         )
     return missing

@@ -29,6 +29,7 @@ from phalanx.config.training import TrainConfig, check_compile_mode, checkpoint_
 from phalanx.errors import UsageError
 from phalanx.train import fsdp
 from phalanx.train.activation_checkpoint import checkpoint_units
+from phalanx.train.adapter_init import adapter_names, init_adapters
 from phalanx.train.compiling import compile_units
 from phalanx.train.context_parallel import check_context_parallel
 from phalanx.train.float8 import Fp8Filter, check_float8, convert_float8
@@ -244,7 +245,7 @@ def _built(model: nn.Module | ModelFactory, init: ModelInit) -> tuple[nn.Module,
     if is_factory(model):
         built = build_on_meta(cast(ModelFactory, model))
         if init.pretrained is not None:
-            return built, _pretrained_init(init.pretrained, init.init_weights, init.read)
+            return built, _pretrained_init(init)
         return built, init.init_weights
     if init.init_weights is not None:
         raise UsageError(
@@ -252,18 +253,27 @@ def _built(model: nn.Module | ModelFactory, init: ModelInit) -> tuple[nn.Module,
             "or initialise the instance yourself"
         )
     model = cast(nn.Module, model)
-    if init.pretrained is not None:
-        load_pretrained(model, init.pretrained, read=init.read)
+    if init.pretrained is not None:  # peft's adapters keep the values peft gave them
+        load_pretrained(model, init.pretrained, read=init.read, may_lack=adapter_names(model))
     return model, None
 
 
-def _pretrained_init(path: Path | str, init_weights: InitFn | None, read: Read) -> InitFn:
+def _pretrained_init(init: ModelInit) -> InitFn:
     """The file's weights, over init_weights' when both are given (then the file may lack
-    keys: a new head); called on the model once it has (sharded) storage."""
+    keys: a new head); without init_weights, a peft model's adapters get peft's initial values
+    from the run's seed (phalanx.train.adapter_init). Called on the model once it has
+    (sharded) storage."""
+    path, init_weights = cast(Path | str, init.pretrained), init.init_weights
 
-    def init(model: nn.Module) -> None:
+    def fill(model: nn.Module) -> None:
+        adapters: list[str] = []
         if init_weights is not None:
             init_weights(model)
-        load_pretrained(model, path, read=read, strict=init_weights is None)
+        else:
+            device = next(model.parameters()).device
+            with seeded(init.seed, device):  # one draw on every rank, whatever the layout
+                adapters = init_adapters(model, device)
+        load_pretrained(model, path, read=init.read, strict=init_weights is None,
+                        may_lack=adapters)  # fmt: skip
 
-    return init
+    return fill
