@@ -180,3 +180,18 @@ def test_step_profile_sorts_kernel_time_by_kind(tmp_path: Path) -> None:
     r = record(tmp_path / "p.json")
     assert abs(sum(r["share"].values()) - 1.0) < 1e-6 and r["share"]["attention"] > 0
     assert r["gpu_ms_per_step"] == pytest.approx(sum(r["ms"].values()))
+
+
+@pytest.mark.timeout(150)
+def test_lora_vs_full_runs_both_sides_and_pairs_them(tmp_path: Path) -> None:
+    pytest.importorskip("peft")
+    out = tmp_path / "lora.json"
+    script("lora_vs_full.py", "--tiny", "--reps", "1", "--layers", "1", "--seq", "16",
+           "--rank", "2", "--out", str(out), timeout=140)  # fmt: skip
+    got = record(out)
+    lora, full = got["samples"]["lora"][0], got["samples"]["full"][0]
+    assert 0 < got["trainable_params"]["lora"] < got["trainable_params"]["full"] / 10
+    assert 0 < lora["checkpoint_bytes"] < full["checkpoint_bytes"]  # no frozen base saved
+    ratio = got["paired_lora_over_full"]["checkpoint_bytes"]
+    assert ratio == pytest.approx(lora["checkpoint_bytes"] / full["checkpoint_bytes"], abs=1e-4)
+    assert min(lora["step_ms"], full["step_ms"], lora["save_s"], full["save_s"]) > 0

@@ -115,7 +115,16 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         if empty and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return coerce(value, inner[0], key)
+        errors = []
+        for option in inner:  # the first type that takes the value, in the declared order
+            try:
+                return coerce(value, option, key)
+            except UsageError as error:
+                errors.append(str(error))
+        if len(errors) == 1:
+            raise UsageError(errors[0])
+        head = f"config {key}={value!r} "  # said once: "... is not an integer and is not ..."
+        raise UsageError(head + " and ".join(e.removeprefix(head) for e in errors))
     if origin in (tuple, list):
         items = value if isinstance(value, (list, tuple)) else _split_list(value)
         return tuple(coerce(item, args[0], f"{key}[{i}]") for i, item in enumerate(items))

@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import itertools
 import textwrap
+import types
 import typing
 from typing import Any
 
@@ -39,6 +40,8 @@ def field_docs(cls: type) -> dict[str, str]:
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is typing.Literal:
         return "|".join(map(str, typing.get_args(tp)))
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return "|".join("None" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 

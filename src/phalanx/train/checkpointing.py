@@ -1,4 +1,5 @@
-"""The Trainer's checkpoint settings: where its store lives and the fingerprint of its config.
+"""The Trainer's checkpoint settings: where its store lives, the fingerprint of its config, and
+when its regular saves are due.
 
 The protocol itself (save, commit, resume, the preemption stop) is phalanx.checkpoint.Checkpointer,
 the block a hand-written loop uses too.
@@ -8,13 +9,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import time
 from pathlib import Path
+from typing import Any
 
 from phalanx.checkpoint import CheckpointStore
+from phalanx.checkpoint.checkpointer import Checkpointer
+from phalanx.checkpoint.interval import interval_of
+from phalanx.checkpoint.position import TrainState
 from phalanx.config.coerce import to_plain
 from phalanx.config.training import TrainerConfig
+from phalanx.dist.collectives import all_reduce_scalars
+from phalanx.env import ClusterEnv
 from phalanx.errors import UsageError
 from phalanx.rundir import RunDir
+
+log = logging.getLogger("phalanx.checkpoint")
 
 
 def make_store(run_dir: RunDir | None, config: TrainerConfig) -> CheckpointStore | None:
@@ -41,3 +52,39 @@ def config_fingerprint(config: TrainerConfig) -> str:
     """sha256 of the config without the sections that may change on a resume (run, checkpoint)."""
     plain = {k: v for k, v in to_plain(config).items() if k not in ("run", "checkpoint")}
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
+
+
+class RegularSaves:
+    """The Trainer's regular checkpoints, due by checkpoint.every_steps (a number, or auto:
+    phalanx.checkpoint.interval). Under auto each save's blocking time and the time per step
+    since the previous save are agreed across ranks (the slowest rank's), so that every rank
+    computes the same next step: a save is a collective."""
+
+    def __init__(self, config: TrainerConfig, checkpointer: Checkpointer, env: ClusterEnv) -> None:
+        ck = config.checkpoint
+        self.interval = interval_of(
+            ck.every_steps, mtbf_hours=ck.mtbf_hours, nodes=env.num_nodes,
+            first_after=max(config.train.log_every, 2),  # one step measured before the save
+        )  # fmt: skip
+        self._checkpointer, self._main = checkpointer, env.is_main_process
+        self._since: tuple[int, float] | None = None  # (step, time) where measuring started
+
+    def due(self, step: int) -> bool:
+        """Called after every step; the first call starts the clock (after warm-up step 1)."""
+        if self._since is None:
+            self._since = (step, time.perf_counter())
+        return self.interval.due(step)
+
+    def save(self, state: TrainState, metrics: dict[str, Any]) -> None:
+        started = time.perf_counter()
+        self._checkpointer.save(state, metrics=metrics)
+        if not self.interval.measures or self._since is None:
+            return
+        blocked = time.perf_counter() - started
+        last_step, last_time = self._since
+        step_s = (started - last_time) / max(state.step - last_step, 1)
+        agreed = all_reduce_scalars({"save_s": blocked, "step_s": step_s}, op="max")
+        line = self.interval.saved(state.step, agreed["save_s"], agreed["step_s"])
+        if line and self._main:
+            log.info(line)
+        self._since = (state.step, time.perf_counter())

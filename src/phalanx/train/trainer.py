@@ -24,7 +24,7 @@ from phalanx.lifecycle.preemption import RunInterrupted
 from phalanx.train import feeding
 from phalanx.train.adapters import record_model
 from phalanx.train.callbacks import Callback
-from phalanx.train.checkpointing import config_fingerprint, make_store
+from phalanx.train.checkpointing import RegularSaves, config_fingerprint, make_store
 from phalanx.train.context_parallel import context_split
 from phalanx.train.evaluate import EvalFn, evaluate, lockstep_steps
 from phalanx.train.feeding import DeviceFeed, common_steps_left, steps_per_epoch, train_loader
@@ -151,6 +151,7 @@ class Trainer:
             fingerprint=config_fingerprint(self.config), seed=self.config.train.seed,
             on_commit=self._tracking.durable,  # no re-run can change those records
         )  # fmt: skip
+        self._saves = RegularSaves(self.config, self._checkpointer, self.env)
         self._hang = HangBeats()
         self._preemption = Preemption(self.config.checkpoint, self.env)
         self._loop = LoopControl(
@@ -289,11 +290,10 @@ class Trainer:
             self._log()
         if train.eval_every and self.state.step % train.eval_every == 0:
             self.evaluate()
-        every = self.config.checkpoint.every_steps
-        if every and self.state.step % every == 0:
+        if self._saves.due(self.state.step):
             self._beat("checkpoint")
             with self.throughput.paused():
-                self._checkpointer.save(self.state, metrics=self.last_eval)
+                self._saves.save(self.state, metrics=self.last_eval)
         for cb in self.callbacks:
             cb.on_step_end(self)
 
