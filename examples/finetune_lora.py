@@ -86,8 +86,8 @@ class Train(phalanx.TrainConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint(CheckpointConfig):
-    every_steps: int = 4
-    """Optimizer steps between checkpoints."""
+    every_steps: int | Literal["auto"] = 4
+    """Optimizer steps between checkpoints; auto: the interval that loses least to failures."""
     sharded: bool = True
     """Each rank writes its own shards (required by FSDP)."""
 

@@ -84,3 +84,26 @@ def test_save_frozen_keeps_the_whole_model(tmp_path: Path) -> None:
     state = torch.load(tmp_path / "step-1" / "model.pt", weights_only=True)
     assert sorted(state) == ["0.bias", "0.weight", "1.bias", "1.weight"]
     assert torch.load(tmp_path / "step-1" / "trainer.pt", weights_only=True)["frozen"] is None
+
+
+def test_exports_of_a_checkpoint_without_its_base_are_refused_or_need_the_adapter_formats(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`phalanx export` usage errors: one line, exit 2, nothing written."""
+    from phalanx.cli import main
+
+    trained(tmp_path / "run")
+    step, out = str(tmp_path / "run" / "step-1"), tmp_path / "out"
+    cases = {  # arguments: the end of the one line
+        (step, str(out), "--merge-adapters"): "writes a whole model: add --format safetensors",
+        (step, str(tmp_path / "x.pt")): "export the adapters with --format peft, or the whole "
+        "model with --format safetensors --merge-adapters",
+        (step, str(out), "--format", "peft", "--model-dir", str(tmp_path)):
+            f"--model-dir '{tmp_path}' has no config.json or adapter_config.json; pass the "
+            "model/ folder of the run that trained the adapters",
+    }  # fmt: skip
+    for args, ending in cases.items():
+        assert main(["export", *args]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].endswith(ending), lines
+        assert not out.exists() and not (tmp_path / "x.pt").exists()

@@ -1,6 +1,6 @@
 """checkpoint.every_steps=auto (phalanx.checkpoint.interval): Young's interval from the measured
 save cost, the time per step and the job's mean time between failures; its config and errors.
-In a training run: tests/distributed/test_checkpoint_resume.py."""
+In a training run (2 ranks, killed and resumed): tests/distributed/test_adapters.py."""
 
 from __future__ import annotations
 
