@@ -221,4 +221,3 @@ def test_corrupt_newest_checkpoints_fall_back_with_a_warning(
     final, expected = load(run_dir / "final.pt"), load(plain_reference / "final.pt")
     for name in expected:
         assert torch.equal(final[name], expected[name]), name
-
