@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from phalanx.errors import UsageError
+from phalanx.train.meta_init import copy_full_into
 from phalanx.train.strategy import unwrap
 
 # peft's own initialisations that need nothing but a random generator (the others, such as
@@ -101,17 +102,8 @@ class _FullSize:
             self._swap(name, nn.Parameter(full, requires_grad=param.requires_grad))
 
     def __exit__(self, *exc: object) -> None:
-        from torch.distributed.tensor import DTensor, distribute_tensor
-
-        with torch.no_grad():
-            for name, param in self.params.items():
-                full = self._swap(name, param).detach()
-                if isinstance(param, DTensor):  # each rank cuts its slice: no collective
-                    part = distribute_tensor(full, param.device_mesh, param.placements,
-                                             src_data_rank=None)  # fmt: skip
-                    param.to_local().copy_(part.to_local())
-                else:
-                    param.copy_(full)
+        for name, param in self.params.items():
+            copy_full_into(param, self._swap(name, param).detach())
 
     def _swap(self, name: str, new: nn.Parameter) -> nn.Parameter:
         owner, _, leaf = name.rpartition(".")

@@ -194,8 +194,6 @@ def reset_into_shards(model: nn.Module, device: torch.device) -> None:
     the values of `torch.manual_seed(seed); factory()`, whatever the layout, while only one
     module's full parameters exist at a time. The slice is cut locally (src_data_rank=None: no
     collective), every rank having drawn the same full values."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     check_resettable(model)
     for module in model.modules():
         own = {n: p for n, p in module.named_parameters(recurse=False)}
@@ -211,14 +209,22 @@ def reset_into_shards(model: nn.Module, device: torch.device) -> None:
         with torch.no_grad():
             full.reset_parameters()  # type: ignore[operator]
             for name, param in own.items():
-                values = full.get_parameter(name)
-                if isinstance(param, DTensor):
-                    placed = distribute_tensor(
-                        values, param.device_mesh, param.placements, src_data_rank=None
-                    )
-                    param.to_local().copy_(placed.to_local())
-                else:
-                    param.copy_(values)
+                copy_full_into(param, full.get_parameter(name))
+
+
+def copy_full_into(param: torch.Tensor, values: torch.Tensor) -> None:
+    """This rank's part of the full-size `values` into `param` (a DTensor's local shard, cut
+    locally: src_data_rank=None, no collective, every rank holding the same values)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.no_grad():
+        if isinstance(param, DTensor):
+            placed = distribute_tensor(
+                values, param.device_mesh, param.placements, src_data_rank=None
+            )
+            param.to_local().copy_(placed.to_local())
+        else:
+            param.copy_(values)
 
 
 def _full_empty(param: torch.Tensor, device: torch.device) -> torch.Tensor:
