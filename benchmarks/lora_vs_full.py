@@ -1,8 +1,9 @@
-"""LoRA against full fine-tuning of the same Hugging Face Llama under the Trainer (FSDP2, bf16):
-step time, tokens/s per GPU, peak GPU memory, and the blocking time and size of one checkpoint.
+"""LoRA against full fine-tuning of the same Hugging Face Llama under the Trainer (FSDP2, bf16),
+and QLoRA (LoRA over a base held in NF4: train.quantize_base=nf4): step time, tokens/s per GPU,
+peak GPU memory, and the blocking time and size of one checkpoint.
 
     python benchmarks/lora_vs_full.py [--nproc 1] [--layers 8] [--reps 5] [--seq 2048]
-        [--rank 16] [--cases full,lora] [--tiny] [--out PATH]
+        [--rank 16] [--cases full,lora,qlora] [--tiny] [--out PATH]
 
 The model is Llama-2-7B's shape (`transformers`' LlamaForCausalLM from a config) with `--layers`
 of its 32 decoder layers, built on the meta device and randomly initialised on the shards; the
@@ -12,6 +13,9 @@ sharded checkpoint (`checkpoint.at_end`; save_s: the end of the last step to fit
 Each repetition runs both sides in fresh processes (`torchrun ... this-file worker ...`), the
 order alternating; the table gives medians, spreads and the paired ratios LoRA / full.
 `--cases lora` alone: for shapes whose full fine-tuning does not fit (all 32 layers on one GPU).
+With qlora among the cases every side reads one base from safetensors (`train.init_from`, bf16,
+written first into a temporary directory from the same random initialisation), as QLoRA
+quantizes the base as it is read; otherwise the weights are initialised on the shards.
 `--tiny`: a width-64 Llama on CPUs (the suite's smoke run).
 """
 
@@ -58,25 +62,44 @@ def main() -> None:
     parser.add_argument("--out", default=str(HERE / "results" / "lora_vs_full.json"))
     args = parser.parse_args()
     cases = args.cases.split(",")
-    assert set(cases) <= {"full", "lora"}, f"--cases {args.cases}: full and/or lora"
+    assert set(cases) <= {"full", "lora", "qlora"}, f"--cases {args.cases}: full, lora, qlora"
     samples: dict[str, list[dict[str, Any]]] = {case: [] for case in cases}
-    for rep in range(args.reps):
-        for case in cases if rep % 2 == 0 else cases[::-1]:
-            samples[case].append(launch(args, case))
-            print(json.dumps({"rep": rep, "case": case, **samples[case][-1]}), flush=True)
+    with tempfile.TemporaryDirectory(prefix="lora-bench-base-") as base:
+        if "qlora" in cases:
+            write_base(args, Path(base))
+        for rep in range(args.reps):
+            for case in cases if rep % 2 == 0 else cases[::-1]:
+                samples[case].append(launch(args, case, base if "qlora" in cases else ""))
+                print(json.dumps({"rep": rep, "case": case, **samples[case][-1]}), flush=True)
     result = summarise(args, samples)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for case in cases:
         cells = [f"{k} {v['median']} ({v['min']}..{v['max']})" for k, v in result[case].items()]
         print(f"{case:4}  " + "  ".join(cells))
-    if len(cases) == 2:
-        ratios = result["paired_lora_over_full"].items()
-        print("lora / full, median of the pairs' ratios: "
-              + "  ".join(f"{k} {v}" for k, v in ratios))  # fmt: skip
+    for key, ratios in result.items():
+        if key.startswith("paired_"):
+            print(f"{key}, median of the pairs' ratios: "
+                  + "  ".join(f"{k} {v}" for k, v in ratios.items()))  # fmt: skip
 
 
-def launch(args: argparse.Namespace, case: str) -> dict[str, Any]:
+def write_base(args: argparse.Namespace, folder: Path) -> None:
+    """The base every side reads: Llama's shape, weights drawn as `init` draws them, in bf16
+    safetensors (the tiny run: fp32)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**SHAPES["tiny" if args.tiny else "7b"], num_hidden_layers=args.layers)
+    with torch.device("meta"):  # on the CPU: this process keeps no GPU memory from the runs
+        model = LlamaForCausalLM(config).to(torch.float32 if args.tiny else torch.bfloat16)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            nn.init.normal_(param, std=0.02) if param.dim() == 2 else nn.init.ones_(param)
+    model.save_pretrained(folder)
+
+
+def launch(args: argparse.Namespace, case: str, base: str) -> dict[str, Any]:
     """One side in fresh processes; its record (rank 0's JSON line)."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"lora-bench-{case}-"))
     try:
@@ -88,6 +111,10 @@ def launch(args: argparse.Namespace, case: str) -> dict[str, Any]:
                    f"run.dir={run_dir}"]  # fmt: skip
         if args.tiny:
             command.append("train.precision=fp32")
+        if base:
+            command.append(f"train.init_from={base}")
+        if case == "qlora":
+            command.append("train.quantize_base=nf4")
         done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
         lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
         assert done.returncode == 0 and lines, done.stderr[-3000:]
@@ -106,14 +133,14 @@ def summarise(args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]]
     for case, records in samples.items():
         out[case] = {k: spread([r[k] for r in records]) for k in KEYS}
     out["trainable_params"] = {c: samples[c][0]["trainable_params"] for c in samples}
-    if len(samples) < 2:
-        return out
-    pairs = list(zip(samples["lora"], samples["full"], strict=True))
-    out["paired_lora_over_full"] = {  # no GPU memory on CPUs: no ratio
-        k: round(statistics.median(lo[k] / fu[k] for lo, fu in pairs), 4)
-        for k in KEYS
-        if all(fu[k] > 0 for _, fu in pairs)
-    }
+    for case, baseline in (("lora", "full"), ("qlora", "full"), ("qlora", "lora")):
+        if case in samples and baseline in samples:
+            pairs = list(zip(samples[case], samples[baseline], strict=True))
+            out[f"paired_{case}_over_{baseline}"] = {  # no GPU memory on CPUs: no ratio
+                k: round(statistics.median(a[k] / b[k] for a, b in pairs), 4)
+                for k in KEYS
+                if all(b[k] > 0 for _, b in pairs)
+            }
     return out
 
 
@@ -122,7 +149,7 @@ def summarise(args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]]
 
 @dataclass(frozen=True, kw_only=True)
 class Bench:
-    case: str = "full"  # full or lora
+    case: str = "full"  # full, lora or qlora
     shape: str = "7b"  # a key of SHAPES
     layers: int = 8  # decoder layers
     seq: int = 2048  # tokens per sample
@@ -183,7 +210,8 @@ def train_one(d: Any, cfg: Any, bench: Any) -> dict[str, Any]:
 
     tokens = torch.randint(0, config.vocab_size, (64, bench.seq), generator=torch.Generator())
     trainer = phalanx.Trainer(
-        d, config=cfg, model=build, init_weights=init, callbacks=[Marks()],
+        d, config=cfg, model=build, init_weights=None if cfg.train.init_from else init,
+        callbacks=[Marks()],
         train_data=torch.utils.data.TensorDataset(tokens),
         train_step=lambda m, b: m(input_ids=b[0], labels=b[0]).loss,
         optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4, fused=cuda),

@@ -2,6 +2,7 @@
 safetensors, only the adapters trained and checkpointed, the adapters out in peft's format.
 
     phalanx run -n 2 examples/finetune_lora.py            # tiny Llama on CPU, ~20 s
+    phalanx run -n 2 examples/finetune_lora.py model.hidden=256 train.quantize_base=nf4  # QLoRA
     phalanx run -n 8 examples/finetune_lora.py model.pretrained=/models/llama-2-7b \\
         train.precision=bf16 data.seq_len=2048 data.batch_size=1 lora.rank=16 \\
         train.activation_checkpointing=full verify.enabled=false
@@ -22,7 +23,9 @@ for bit. The steps, each a phalanx block:
    base read by `from_pretrained`) and compares the logits with the trained model's.
 
 Without model.pretrained, rank 0 first writes a tiny Llama with `save_pretrained` into
-<run dir>/base (seed train.seed + 1): no download anywhere. Data: synthetic counting sequences.
+<run dir>/base (seed train.seed + 1): no download anywhere. With train.quantize_base=nf4
+(QLoRA) the base's Linear weights are held in 4 bits (torchao's NF4) and the check quantizes
+the reloaded base the same way. Data: synthetic counting sequences.
 Rank 0 prints one JSON line last. Needs peft: pip install 'phalanx[lora]'.
 """
 
@@ -42,7 +45,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaFor
 
 import phalanx
 from phalanx.config.training import CheckpointConfig
-from phalanx.train import save_adapters
+from phalanx.train import quantize_frozen, save_adapters
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +53,9 @@ class Model:
     pretrained: str = ""
     """Hugging Face model directory (config.json + safetensors) to adapt; empty: a tiny Llama
     written into <run dir>/base first."""
+    hidden: int = 64
+    """The tiny Llama's width (train.quantize_base=nf4 needs 256: NF4 splits weights into
+    blocks of 16,384 values)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,8 +148,9 @@ def base_dir(cfg: LoraFinetuneConfig, d: phalanx.Dist) -> Path:
     path = d.run_dir.path / "base"
     if d.env.is_main_process and not path.exists():  # a resume keeps the base it started from
         torch.manual_seed(cfg.train.seed + 1)
-        shape = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+        width = cfg.model.hidden
+        shape = dict(vocab_size=256, hidden_size=width, intermediate_size=2 * width,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
         LlamaForCausalLM(LlamaConfig(**shape)).save_pretrained(path)
     dist.barrier()
     return path
@@ -156,10 +163,13 @@ def logits_on(model: nn.Module, probe: torch.Tensor) -> torch.Tensor:
         return model(input_ids=probe).logits.float().cpu()  # type: ignore[no-any-return]
 
 
-def reload_difference(base: Path, adapters: Path, probe: torch.Tensor,
-                      trained: torch.Tensor) -> float:  # fmt: skip
-    """Largest logit difference between the trained model and its adapters reloaded by peft."""
+def reload_difference(base: Path, adapters: Path, probe: torch.Tensor, trained: torch.Tensor,
+                      *, nf4_shards: int = 0) -> float:  # fmt: skip
+    """Largest logit difference between the trained model and its adapters reloaded by peft;
+    `nf4_shards` > 0: the base quantized as the run held it (train.quantize_base=nf4)."""
     reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapters)
+    if nf4_shards:
+        quantize_frozen(reloaded, shards=nf4_shards)
     return float((logits_on(reloaded, probe) - trained).abs().max())
 
 
@@ -191,7 +201,9 @@ def main(callbacks: tuple[phalanx.Callback, ...] = ()) -> None:
                       "last_loss": losses[-1] if losses else None, "steps": trainer.state.step,
                       "trainable_params": trainable, "adapters": str(adapters)}  # fmt: skip
             if trained is not None:
-                result["reload_max_abs_diff"] = reload_difference(base, adapters, probe, trained)
+                nf4 = d.env.world_size if cfg.train.quantize_base == "nf4" else 0
+                result["reload_max_abs_diff"] = reload_difference(base, adapters, probe, trained,
+                                                                  nf4_shards=nf4)  # fmt: skip
             print(json.dumps(result), flush=True)
 
 

@@ -106,3 +106,24 @@ def test_a_lora_run_saves_no_frozen_base_resumes_bitwise_and_exports_its_adapter
     lines = [x for x in err.splitlines() if "the frozen parameters differ" in x]
     assert lines and all("checkpoint.resume=never" in x for x in lines), err[-3000:]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == kept
+
+
+@pytest.mark.timeout(300)
+def test_a_qlora_run_holds_its_base_in_nf4_shards_and_resumes_bitwise(tmp_path: Path) -> None:
+    """train.quantize_base=nf4 under FSDP: each frozen Linear weight quantized whole by torchao
+    and cut into NF4 shards, gathered in 4 bits. The example's check reloads the adapters with
+    peft onto the base quantized whole in one process: the same logits show the shards kept the
+    tensor's one scale mean. Killed with -9 after step 10 and resumed from step 8, the NF4 base
+    read again: the same adapters, bit for bit."""
+    need(importlib.util.find_spec("peft") is not None, "peft (pip install 'phalanx[lora]')")
+    need(importlib.util.find_spec("torchao") is not None, "torchao (pip install 'phalanx[fp8]')")
+    run_dir = tmp_path / "run"
+    out = launch(KILLED, run_dir, "model.hidden=256", "train.quantize_base=nf4", restarts=1)
+    assert f"resumed from {run_dir / 'checkpoints' / 'step-8'}" in out, out[-3000:]
+    report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    assert report["steps"] == 12 and report["reload_max_abs_diff"] <= 1e-6, report
+    before, after = (tensors(run_dir / f"adapters-at-10-{n}") for n in (1, 2))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in after)
+    keys = checkpoint_keys(run_dir / "checkpoints" / "step-12")
+    model_keys = [k for k in keys if k.startswith("model.")]
+    assert model_keys and all(".lora_" in k for k in model_keys), model_keys[:5]

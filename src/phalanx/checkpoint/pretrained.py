@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from phalanx.checkpoint.nf4 import fill_nf4, is_nf4
 from phalanx.dist.sharded_types import is_dtensor
 from phalanx.errors import UsageError
 
@@ -207,7 +208,12 @@ def _few(names: list[str]) -> str:
 
 def _fill(target: torch.Tensor, name: str, source: WeightFile, broadcast: bool) -> None:
     local, index = _local_part(target)
-    if broadcast:
+    if is_nf4(target):  # quantized whole, then cut: the shards share one scale mean
+        full = tuple(slice(0, size) for size in target.shape)
+        whole = (_broadcast_whole(target, name, source, local.device) if broadcast
+                 else source.read(name, full))  # fmt: skip
+        fill_nf4(target, whole, first_row=index[0].start)
+    elif broadcast:
         whole = _broadcast_whole(target, name, source, local.device)
         if local.numel():
             local.copy_(whole[index])

@@ -7,12 +7,12 @@ class MyConfig(phalanx.TrainerConfig):
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from phalanx.config.parallel import ParallelConfig
 from phalanx.config.schema import Config, check_choice
+from phalanx.config.tracking import TrackConfig as TrackConfig
 from phalanx.errors import UsageError
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "fp8"]
@@ -22,6 +22,7 @@ Fp8Recipe = Literal["tensorwise", "rowwise"]
 """torchao's float8 recipes: one scale per tensor (fastest; float8 all-gather under FSDP) or
 one per row (closer to bf16 numerics, slower scaling)."""
 FP8_RECIPES: tuple[str, ...] = get_args(Fp8Recipe)
+QuantizeBase = Literal["none", "nf4"]
 Strategy = Literal["auto", "single", "ddp", "fsdp", "hsdp"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 SHARDED_STRATEGIES = ("fsdp", "hsdp")
@@ -65,6 +66,10 @@ class TrainConfig:
     fp8_all_gather: bool = False
     """train.precision=fp8, tensorwise, FSDP: gather the float8 layers' weights in float8 (half
     of bf16's bytes). Off by default: on one GPU it made the step slower (docs/training.md)."""
+    quantize_base: QuantizeBase = "none"
+    """nf4: keep the frozen Linear weights (an adapter run's base model) in 4-bit NormalFloat
+    through torchao (QLoRA), quantized as train.init_from is read; a model factory, FSDP or one
+    process (docs/tutorials/lora.md)."""
     strategy: Strategy = "auto"
     """auto (ddp with several ranks, else single), single, ddp, fsdp (FSDP2: parameters,
     gradients and optimizer state sharded over the ranks; needs checkpoint.sharded=true) or
@@ -142,6 +147,7 @@ class TrainConfig:
         check_choice("train.nan_policy", self.nan_policy, get_args(NanPolicy))
         check_choice("train.lr_scaling", self.lr_scaling, get_args(LrScaling))
         check_choice("train.init_from_read", self.init_from_read, get_args(InitFromRead))
+        check_choice("train.quantize_base", self.quantize_base, get_args(QuantizeBase))
         check_compile_mode(self.compile_mode, compile=self.compile, strategy=self.strategy)
         checkpoint_every(self.activation_checkpointing)
         self._check_fp8()
@@ -317,54 +323,6 @@ class CheckpointConfig:
                 "config checkpoint.async_save=true needs checkpoint.sharded=true (background "
                 "writes go through torch.distributed.checkpoint)"
             )
-
-
-TRACKERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
-TRACKER_PACKAGES = {
-    "tensorboard": ("tensorboard", "tensorboard"),
-    "wandb": ("wandb", "wandb"),
-    "mlflow": ("mlflow", "mlflow-skinny"),
-}
-"""Optional packages: (module, pip name)."""
-
-
-def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # ValueError: blocked with sys.modules[name] = None
-        return False
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrackConfig:
-    """Experiment trackers (see docs/tracking.md)."""
-
-    trackers: tuple[str, ...] = ("console", "jsonl")
-    """Where metrics go: console, jsonl (+ metrics.csv), tensorboard, wandb, mlflow."""
-    all_ranks: bool = False
-    """Every rank logs (its own files / runs, grouped by job); default: rank 0 only."""
-    project: str = "phalanx"
-    """wandb project and MLflow experiment name."""
-    wandb_mode: str = ""
-    """wandb mode: online, offline or disabled (empty: wandb's own default, e.g. WANDB_MODE)."""
-    mlflow_uri: str = ""
-    """MLflow tracking URI (empty: the file store `<run dir>/mlruns`; or http://server:5000)."""
-    plots: bool = True
-    """Write plots/*.png at the end of training (needs matplotlib)."""
-
-    def __post_init__(self) -> None:
-        for name in self.trackers:
-            check_choice("track.trackers item", name, TRACKERS)
-            module, package = TRACKER_PACKAGES.get(name, (None, None))
-            if module is not None and not _importable(module):
-                raise UsageError(
-                    f"tracker {name!r} needs the {package} package: pip install {package} "
-                    f"(or drop {name} from track.trackers)"
-                )
-        if len(set(self.trackers)) != len(self.trackers):
-            raise UsageError(f"config track.trackers={list(self.trackers)} names one twice")
-        if self.wandb_mode:
-            check_choice("track.wandb_mode", self.wandb_mode, ("online", "offline", "disabled"))
 
 
 @dataclass(frozen=True, kw_only=True)

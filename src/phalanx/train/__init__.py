@@ -10,6 +10,7 @@ from phalanx.train.layout import ParallelLayout, build_layout
 from phalanx.train.metrics import Metrics
 from phalanx.train.parallelize import ModelInit, WrapOptions, wrap_model
 from phalanx.train.precision import Precision
+from phalanx.train.quantize_base import quantize_frozen
 from phalanx.train.step import StepParts, optimizer_step
 from phalanx.train.strategy import model_state_dict, unwrap
 from phalanx.train.trainer import Trainer
@@ -32,6 +33,7 @@ __all__ = [
     "masked_step",
     "model_state_dict",
     "optimizer_step",
+    "quantize_frozen",
     "save_adapters",
     "unwrap",
     "wrap_model",

@@ -45,6 +45,7 @@ from phalanx.train.meta_init import (
     reset_into_shards,
     seeded,
 )
+from phalanx.train.quantize_base import check_quantize_base, quantize_frozen
 from phalanx.train.strategy import ddp_wrap
 from phalanx.train.units import pick_units
 
@@ -88,6 +89,7 @@ class WrapOptions:
     fp8_filter: Fp8Filter | None = None
     """precision=fp8: which Linear layers run in float8 (phalanx.train.float8); None: all but
     the vocabulary projection."""
+    quantize_base: str = "none"
 
     def __post_init__(self) -> None:
         checkpoint_every(self.activation_checkpointing)
@@ -101,7 +103,7 @@ class WrapOptions:
             reshard_after_forward=train.fsdp_reshard_after_forward,
             ddp_static_graph=train.ddp_static_graph, ddp_bucket_mb=train.ddp_bucket_mb,
             ddp_broadcast_buffers=train.ddp_broadcast_buffers, fp8_recipe=train.fp8_recipe,
-            fp8_all_gather=train.fp8_all_gather,
+            fp8_all_gather=train.fp8_all_gather, quantize_base=train.quantize_base,
         )  # fmt: skip
 
 
@@ -123,6 +125,7 @@ def wrap_model(
     _check_combination(layout, options)
     fresh = is_factory(model)
     module, init_weights = _built(model, init)
+    _quantize_base(module, layout, options, fresh=fresh, pretrained=init.pretrained is not None)
     units = pick_units(module, options.units)
     sharded = layout.kind == "sharded"
     tp_plan = _resolved_plan(module, layout, plan)  # refusals before any collective
@@ -159,6 +162,18 @@ def _check_combination(layout: ParallelLayout, options: WrapOptions) -> None:
             f"train.compile=true under parallel.tp={layout.sizes.tp} fails inside torch's "
             "compiler; keep one of the two"
         )
+
+
+def _quantize_base(
+    model: nn.Module, layout: ParallelLayout, options: WrapOptions, *, fresh: bool,
+    pretrained: bool,
+) -> None:  # fmt: skip
+    """NF4 weights on meta, before FSDP: it then splits the NF4 tensors itself."""
+    mode, sizes = options.quantize_base, layout.sizes
+    check_quantize_base(mode, factory=fresh, pretrained=pretrained, kind=layout.kind,
+                        precision=options.precision, tp=sizes.tp)  # fmt: skip
+    if mode == "nf4":
+        quantize_frozen(model, shards=sizes.dp_shard * sizes.cp if layout.fsdp else 1)
 
 
 def _resolved_plan(
