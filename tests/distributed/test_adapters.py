@@ -1,8 +1,9 @@
 """LoRA runs: examples/finetune_lora.py (peft's real LoRA on a tiny Hugging Face Llama built on
-the meta device, its base read from safetensors; 2 gloo ranks, FSDP): checkpoints without the
-frozen base, a kill -9 resumed bit for bit, a changed base refused; adapters out from the live
-model (save_adapters, a collective under FSDP) and offline from the checkpoint (`phalanx export
---format peft`, `--merge-adapters`), each reloaded as users reload them."""
+the meta device, its base read from safetensors; 2 gloo ranks, FSDP, DDP, and FSDP with the base
+in NF4): checkpoints without the frozen base, a kill -9 resumed bit for bit, a changed base
+refused; adapters out from the live model (save_adapters, a collective under FSDP) and offline
+from the checkpoint (`phalanx export --format peft`, `--merge-adapters`), each reloaded as users
+reload them."""
 
 from __future__ import annotations
 
@@ -60,8 +61,8 @@ def test_a_lora_run_saves_no_frozen_base_resumes_bitwise_and_exports_its_adapter
     tmp_path: Path,
 ) -> None:
     """FSDP (sharded checkpoints), where peft's own save_pretrained fails. DDP with full
-    checkpoints: docs/tutorials/lora.md (resumed bit for bit, exported, reloaded); the export's
-    usage errors: tests/pure/test_frozen_params.py."""
+    checkpoints: the test below and docs/tutorials/lora.md; the export's usage errors:
+    tests/pure/test_frozen_params.py."""
     need(importlib.util.find_spec("peft") is not None, "peft (pip install 'phalanx[lora]')")
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -108,22 +109,38 @@ def test_a_lora_run_saves_no_frozen_base_resumes_bitwise_and_exports_its_adapter
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == kept
 
 
+def saved_model_keys(step_dir: Path) -> list[str]:
+    """The model's tensor names in a checkpoint, sharded (DCP) or full (model.pt)."""
+    if (step_dir / "sharded").is_dir():
+        return [k for k in checkpoint_keys(step_dir) if k.startswith("model.")]
+    return list(torch.load(step_dir / "model.pt", weights_only=True))
+
+
 @pytest.mark.timeout(300)
-def test_a_qlora_run_holds_its_base_in_nf4_shards_and_resumes_bitwise(tmp_path: Path) -> None:
-    """train.quantize_base=nf4 under FSDP: each frozen Linear weight quantized whole by torchao
-    and cut into NF4 shards, gathered in 4 bits. The example's check reloads the adapters with
-    peft onto the base quantized whole in one process: the same logits show the shards kept the
-    tensor's one scale mean. Killed with -9 after step 10 and resumed from step 8, the NF4 base
-    read again: the same adapters, bit for bit."""
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param(["train.strategy=ddp", "checkpoint.sharded=false"], id="ddp"),
+        pytest.param(["model.hidden=256", "train.quantize_base=nf4"], id="fsdp-qlora"),
+    ],
+)
+def test_ddp_and_qlora_runs_killed_with_9_resume_bitwise(tmp_path: Path, layout: list[str]) -> None:
+    """Killed with -9 after step 10, restarted by torchrun, resumed from step 8 with the base
+    read again: the same adapters after step 10, bit for bit, and checkpoints of adapters only.
+    DDP: full checkpoints (FSDP's sharded ones: the test above). QLoRA
+    (train.quantize_base=nf4, FSDP): each frozen Linear weight quantized whole by torchao and cut
+    into NF4 shards, gathered in 4 bits; the example's check reloads the adapters with peft onto
+    the base quantized whole in one process: the same logits show that the shards kept the
+    tensor's one scale mean."""
     need(importlib.util.find_spec("peft") is not None, "peft (pip install 'phalanx[lora]')")
-    need(importlib.util.find_spec("torchao") is not None, "torchao (pip install 'phalanx[fp8]')")
+    if "train.quantize_base=nf4" in layout:
+        need(importlib.util.find_spec("torchao") is not None, "torchao ('phalanx[fp8]')")
     run_dir = tmp_path / "run"
-    out = launch(KILLED, run_dir, "model.hidden=256", "train.quantize_base=nf4", restarts=1)
+    out = launch(KILLED, run_dir, *layout, restarts=1)
     assert f"resumed from {run_dir / 'checkpoints' / 'step-8'}" in out, out[-3000:]
     report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     assert report["steps"] == 12 and report["reload_max_abs_diff"] <= 1e-6, report
     before, after = (tensors(run_dir / f"adapters-at-10-{n}") for n in (1, 2))
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in after)
-    keys = checkpoint_keys(run_dir / "checkpoints" / "step-12")
-    model_keys = [k for k in keys if k.startswith("model.")]
+    model_keys = saved_model_keys(run_dir / "checkpoints" / "step-12")
     assert model_keys and all(".lora_" in k for k in model_keys), model_keys[:5]

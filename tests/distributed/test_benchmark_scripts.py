@@ -195,3 +195,17 @@ def test_lora_vs_full_runs_both_sides_and_pairs_them(tmp_path: Path) -> None:
     ratio = got["paired_lora_over_full"]["checkpoint_bytes"]
     assert ratio == pytest.approx(lora["checkpoint_bytes"] / full["checkpoint_bytes"], abs=1e-4)
     assert min(lora["step_ms"], full["step_ms"], lora["save_s"], full["save_s"]) > 0
+
+
+@pytest.mark.timeout(150)
+def test_recovery_splits_a_kill_to_resumed_step_into_its_phases(tmp_path: Path) -> None:
+    out = tmp_path / "recovery.json"
+    script("recovery.py", "--reps", "1", "--nproc", "1", "--width", "16", "--out", str(out),
+           timeout=140)  # fmt: skip
+    got = record(out)
+    (sample,) = got["samples"]
+    phases = ("restart_s", "imports_s", "process_group_s", "build_resume_s", "first_step_s")
+    assert all(sample[p] >= 0 for p in phases), sample
+    # The phases follow one another: together they are the whole recovery.
+    assert sum(sample[p] for p in phases) == pytest.approx(sample["recovery_s"], abs=1e-6)
+    assert 0 < sample["cold_build_s"] < sample["cold_start_s"]

@@ -1,7 +1,7 @@
 """One parallelize pipeline for every layout, straight down:
 
-    units → tensor parallel plan → context parallel checks → float8 → activation checkpointing
-          → compile → FSDP or DDP → storage
+    NF4 base → units → tensor parallel plan → context parallel checks → float8
+             → activation checkpointing → compile → FSDP or DDP → storage
 
 Each stage is one small function and runs only where the layout calls for it
 (phalanx.train.layout). The units (phalanx.train.units) are picked once and handed to every
