@@ -4,7 +4,9 @@ In a training run (2 ranks, killed and resumed): tests/distributed/test_adapters
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -13,8 +15,10 @@ from phalanx.checkpoint.interval import (
     NODE_MTBF_HOURS,
     EverySteps,
     YoungInterval,
+    failures_seen,
     interval_of,
     job_mtbf_hours,
+    refined_mtbf_hours,
     young_steps,
 )
 from phalanx.config.loader import load
@@ -68,3 +72,52 @@ def test_auto_parses_and_bad_values_are_one_line() -> None:
     assert str(error.value) == (
         "config checkpoint.every_steps='often' is not an integer and is not one of: auto"
     )
+
+
+def test_the_failures_a_run_has_seen_refine_its_mtbf() -> None:
+    hour = 3600.0
+    assert failures_seen([], now=5 * hour) == (0, 0.0)
+    attempts = [
+        {"start": 0.0}, {"end": 1 * hour, "outcome": "stop"},  # preempted: no failure
+        {"start": 2 * hour},  # killed: no end, its time runs to the next start
+        {"start": 4 * hour}, {"end": 5 * hour, "outcome": "crash"},
+        {"start": 6 * hour},  # the last attempt, killed before this one started
+    ]  # fmt: skip
+    assert failures_seen(attempts, now=8 * hour) == (3, 1 + 2 + 1 + 2)
+    # The prior counts as one failure in its hours: 3 failures in 6 h pull 100 h to 26.5 h.
+    assert refined_mtbf_hours(100.0, 3, 6.0) == pytest.approx(106 / 4)
+    assert refined_mtbf_hours(100.0, 0, 6.0) == 106.0  # a clean run raises it slowly
+    auto = interval_of("auto", mtbf_hours=100.0, nodes=1, first_after=2, seen=(3, 6.0))
+    assert isinstance(auto, YoungInterval) and auto.mtbf_hours == pytest.approx(26.5)
+    line = auto.saved(10, save_s=2.0, step_s=0.5)
+    assert line is not None and "26.5 h (3 failure(s) in 6 h of this run)" in line
+
+
+def test_a_trainer_records_its_attempts_and_the_next_one_counts_the_killed(
+    tmp_path: Path,
+) -> None:
+    from phalanx.env import ClusterEnv
+    from phalanx.rundir import RunDir
+    from phalanx.train.checkpointing import ATTEMPTS, RegularSaves
+
+    run_dir = RunDir(tmp_path)
+    cfg = phalanx.parse_config(phalanx.TrainerConfig, ["checkpoint.every_steps=auto",
+                                                       "checkpoint.mtbf_hours=10"])  # fmt: skip
+    env = ClusterEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+                     num_nodes=1, master_addr="127.0.0.1", master_port=29500, launcher="local",
+                     job_id=None)  # fmt: skip
+
+    def attempt() -> YoungInterval:
+        saves = RegularSaves(cfg, None, env, run_dir)  # type: ignore[arg-type]
+        assert isinstance(saves.interval, YoungInterval)
+        return saves
+
+    first = attempt()
+    assert first.interval.seen == (0, 0.0) and first.interval.mtbf_hours == 10.0
+    first.closed("done")
+    second = attempt()  # ended in order: no failure
+    assert second.interval.seen[0] == 0
+    third = attempt()  # the second never closed: killed
+    assert third.interval.seen[0] == 1 and third.interval.mtbf_hours < 10.0
+    records = [json.loads(x) for x in (run_dir.diagnostics / ATTEMPTS).read_text().splitlines()]
+    assert [list(r) for r in records] == [["start"], ["end", "outcome"], ["start"], ["start"]]

@@ -16,16 +16,18 @@ from typing import Any
 
 from phalanx.checkpoint import CheckpointStore
 from phalanx.checkpoint.checkpointer import Checkpointer
-from phalanx.checkpoint.interval import interval_of
+from phalanx.checkpoint.interval import failures_seen, interval_of
 from phalanx.checkpoint.position import TrainState
 from phalanx.config.coerce import to_plain
 from phalanx.config.training import TrainerConfig
-from phalanx.dist.collectives import all_reduce_scalars
+from phalanx.dist.collectives import all_reduce_scalars, broadcast_object
 from phalanx.env import ClusterEnv
 from phalanx.errors import UsageError
 from phalanx.rundir import RunDir
 
 log = logging.getLogger("phalanx.checkpoint")
+ATTEMPTS = "attempts.jsonl"
+"""diagnostics/ATTEMPTS: one record per start and per orderly end of the run's fit()."""
 
 
 def make_store(run_dir: RunDir | None, config: TrainerConfig) -> CheckpointStore | None:
@@ -60,14 +62,42 @@ class RegularSaves:
     since the previous save are agreed across ranks (the slowest rank's), so that every rank
     computes the same next step: a save is a collective."""
 
-    def __init__(self, config: TrainerConfig, checkpointer: Checkpointer, env: ClusterEnv) -> None:
+    def __init__(
+        self, config: TrainerConfig, checkpointer: Checkpointer, env: ClusterEnv,
+        run_dir: RunDir | None,
+    ) -> None:  # fmt: skip
         ck = config.checkpoint
+        self._main = env.is_main_process
+        # Under auto, this run's attempts (diagnostics/attempts.jsonl) refine the MTBF.
+        self._attempts = (
+            run_dir.diagnostics / ATTEMPTS
+            if ck.every_steps == "auto" and run_dir is not None and not config.run.dry_run
+            else None
+        )
         self.interval = interval_of(
             ck.every_steps, mtbf_hours=ck.mtbf_hours, nodes=env.num_nodes,
             first_after=max(config.train.log_every, 2),  # one step measured before the save
+            seen=self._seen(env.world_size),
         )  # fmt: skip
-        self._checkpointer, self._main = checkpointer, env.is_main_process
+        self._checkpointer = checkpointer
         self._since: tuple[int, float] | None = None  # (step, time) where measuring started
+
+    def _seen(self, world: int) -> tuple[int, float]:
+        """(failures, hours) of this run's earlier attempts, read and this attempt's start
+        recorded by rank 0, then agreed (every rank must pick the same steps)."""
+        if self._attempts is None:
+            return (0, 0.0)
+        seen = (0, 0.0)
+        if self._main:
+            now = time.time()
+            seen = failures_seen(_records(self._attempts), now)
+            _append(self._attempts, {"start": now})
+        return broadcast_object(seen) if world > 1 else seen
+
+    def closed(self, outcome: str) -> None:
+        """The end of this attempt's fit(): done, stop or crash (a killed one writes nothing)."""
+        if self._attempts is not None and self._main:
+            _append(self._attempts, {"end": time.time(), "outcome": outcome})
 
     def due(self, step: int) -> bool:
         """Called after every step; the first call starts the clock (after warm-up step 1)."""
@@ -88,3 +118,22 @@ class RegularSaves:
         if line and self._main:
             log.info(line)
         self._since = (state.step, time.perf_counter())
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The attempt records so far; a torn last line (a kill mid-write) is skipped."""
+    if not path.is_file():
+        return []
+    found = []
+    for line in path.read_text().splitlines():
+        try:
+            found.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return found
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as out:
+        out.write(json.dumps(record) + "\n")

@@ -151,7 +151,7 @@ class Trainer:
             fingerprint=config_fingerprint(self.config), seed=self.config.train.seed,
             on_commit=self._tracking.durable,  # no re-run can change those records
         )  # fmt: skip
-        self._saves = RegularSaves(self.config, self._checkpointer, self.env)
+        self._saves = RegularSaves(self.config, self._checkpointer, self.env, self.handle.run_dir)
         self._hang = HangBeats()
         self._preemption = Preemption(self.config.checkpoint, self.env)
         self._loop = LoopControl(
@@ -322,6 +322,7 @@ class Trainer:
         # A stop may leave an async write uncommitted (no collective is safe here).
         self._checkpointer.close(failed=outcome != "done")
         self._tracking.close(outcome)
+        self._saves.closed(outcome)
         if not self.stop_requested:
             # Past training a SIGTERM must kill again (torchrun stops the peers of a failed
             # rank with it). A preempted run keeps the flag-only handler until it exits: its
