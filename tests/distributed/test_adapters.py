@@ -51,6 +51,26 @@ def tensors(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "adapter_model.safetensors")
 
 
+def saved_model_keys(step_dir: Path) -> list[str]:
+    """The model's tensor names in a checkpoint, sharded (DCP) or full (model.pt)."""
+    if (step_dir / "sharded").is_dir():
+        return [k for k in checkpoint_keys(step_dir) if k.startswith("model.")]
+    return list(torch.load(step_dir / "model.pt", weights_only=True))
+
+
+def resumed_bitwise(out: str, run_dir: Path, *, from_step: int) -> None:
+    """The killed worker's run (lora_worker.py): resumed from `from_step`, the example's reload
+    check within 1e-6, the adapters after step 10 those of the killed attempt bit for bit, and
+    step 12's checkpoint of adapters only."""
+    assert f"resumed from {run_dir / 'checkpoints' / f'step-{from_step}'}" in out, out[-3000:]
+    report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    assert report["steps"] == 12 and report["reload_max_abs_diff"] <= 1e-6, report
+    before, after = (tensors(run_dir / f"adapters-at-10-{n}") for n in (1, 2))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in after)
+    model_keys = saved_model_keys(run_dir / "checkpoints" / "step-12")
+    assert model_keys and all(".lora_" in k for k in model_keys), model_keys[:5]
+
+
 def logits_of(model: torch.nn.Module) -> torch.Tensor:
     with torch.no_grad():
         return model.eval()(input_ids=PROBE).logits  # type: ignore[no-any-return]
@@ -74,15 +94,7 @@ def test_a_lora_run_saves_no_frozen_base_resumes_bitwise_and_exports_its_adapter
     out = launch(KILLED, run_dir, "checkpoint.every_steps=auto", "checkpoint.mtbf_hours=1",
                  restarts=1)  # fmt: skip
     assert (run_dir / "killed").exists() and "checkpoint.every_steps=auto: a save blocks" in out
-    assert f"resumed from {run_dir / 'checkpoints' / 'step-4'}" in out, out[-3000:]
-    report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
-    assert report["steps"] == 12 and report["reload_max_abs_diff"] <= 1e-6, report
-    # Steps 5-10 recomputed after the kill: the same adapters, bit for bit.
-    before, after = (tensors(run_dir / f"adapters-at-10-{n}") for n in (1, 2))
-    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in after)
-    keys = checkpoint_keys(run_dir / "checkpoints" / "step-12")
-    model_keys = [k for k in keys if k.startswith("model.")]
-    assert model_keys and all(".lora_" in k for k in model_keys), model_keys[:5]
+    resumed_bitwise(out, run_dir, from_step=4)  # steps 5-10 recomputed after the kill
     live = tensors(run_dir / "adapters")
     base = AutoModelForCausalLM.from_pretrained(run_dir / "base")
     untrained = logits_of(base)
@@ -109,13 +121,6 @@ def test_a_lora_run_saves_no_frozen_base_resumes_bitwise_and_exports_its_adapter
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == kept
 
 
-def saved_model_keys(step_dir: Path) -> list[str]:
-    """The model's tensor names in a checkpoint, sharded (DCP) or full (model.pt)."""
-    if (step_dir / "sharded").is_dir():
-        return [k for k in checkpoint_keys(step_dir) if k.startswith("model.")]
-    return list(torch.load(step_dir / "model.pt", weights_only=True))
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "layout",
@@ -136,11 +141,4 @@ def test_ddp_and_qlora_runs_killed_with_9_resume_bitwise(tmp_path: Path, layout:
     if "train.quantize_base=nf4" in layout:
         need(importlib.util.find_spec("torchao") is not None, "torchao ('phalanx[fp8]')")
     run_dir = tmp_path / "run"
-    out = launch(KILLED, run_dir, *layout, restarts=1)
-    assert f"resumed from {run_dir / 'checkpoints' / 'step-8'}" in out, out[-3000:]
-    report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
-    assert report["steps"] == 12 and report["reload_max_abs_diff"] <= 1e-6, report
-    before, after = (tensors(run_dir / f"adapters-at-10-{n}") for n in (1, 2))
-    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in after)
-    model_keys = saved_model_keys(run_dir / "checkpoints" / "step-12")
-    assert model_keys and all(".lora_" in k for k in model_keys), model_keys[:5]
+    resumed_bitwise(launch(KILLED, run_dir, *layout, restarts=1), run_dir, from_step=8)

@@ -24,6 +24,7 @@ from phalanx.dist.collectives import all_reduce_scalars, broadcast_object
 from phalanx.env import ClusterEnv
 from phalanx.errors import UsageError
 from phalanx.rundir import RunDir
+from phalanx.track.files import read_records
 
 log = logging.getLogger("phalanx.checkpoint")
 ATTEMPTS = "attempts.jsonl"
@@ -90,7 +91,7 @@ class RegularSaves:
         seen = (0, 0.0)
         if self._main:
             now = time.time()
-            seen = failures_seen(_records(self._attempts), now)
+            seen = failures_seen(read_records(self._attempts), now)
             _append(self._attempts, {"start": now})
         return broadcast_object(seen) if world > 1 else seen
 
@@ -118,19 +119,6 @@ class RegularSaves:
         if line and self._main:
             log.info(line)
         self._since = (state.step, time.perf_counter())
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    """The attempt records so far; a torn last line (a kill mid-write) is skipped."""
-    if not path.is_file():
-        return []
-    found = []
-    for line in path.read_text().splitlines():
-        try:
-            found.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return found
 
 
 def _append(path: Path, record: dict[str, Any]) -> None:
