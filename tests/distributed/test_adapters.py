@@ -80,9 +80,8 @@ def logits_of(model: torch.nn.Module) -> torch.Tensor:
 def test_a_lora_run_saves_no_frozen_base_resumes_bitwise_and_exports_its_adapters(
     tmp_path: Path,
 ) -> None:
-    """FSDP (sharded checkpoints), where peft's own save_pretrained fails. DDP with full
-    checkpoints: the test below and docs/tutorials/lora.md; the export's usage errors:
-    tests/pure/test_frozen_params.py."""
+    """DDP, full checkpoints (FSDP's sharded ones, where peft's own save_pretrained fails: the
+    QLoRA test below); the export's usage errors: tests/pure/test_frozen_params.py."""
     need(importlib.util.find_spec("peft") is not None, "peft (pip install 'phalanx[lora]')")
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -91,8 +90,8 @@ def test_a_lora_run_saves_no_frozen_base_resumes_bitwise_and_exports_its_adapter
     # Killed with -9 after step 10, restarted by torchrun, resumed from step 4: with
     # checkpoint.every_steps=auto the first save comes at the first logging point (step 4), and
     # at one failure an hour Young's interval is hundreds of steps (a CPU save takes ms).
-    out = launch(KILLED, run_dir, "checkpoint.every_steps=auto", "checkpoint.mtbf_hours=1",
-                 restarts=1)  # fmt: skip
+    out = launch(KILLED, run_dir, "train.strategy=ddp", "checkpoint.sharded=false",
+                 "checkpoint.every_steps=auto", "checkpoint.mtbf_hours=1", restarts=1)  # fmt: skip
     assert (run_dir / "killed").exists() and "checkpoint.every_steps=auto: a save blocks" in out
     resumed_bitwise(out, run_dir, from_step=4)  # steps 5-10 recomputed after the kill
     live = tensors(run_dir / "adapters")
@@ -114,7 +113,8 @@ def test_a_lora_run_saves_no_frozen_base_resumes_bitwise_and_exports_its_adapter
     torch.manual_seed(2)
     AutoModelForCausalLM.from_config(base.config).save_pretrained(run_dir / "base")
     kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    err = launch(EXAMPLE, run_dir, "train.max_steps=16", code=2)
+    err = launch(EXAMPLE, run_dir, "train.strategy=ddp", "checkpoint.sharded=false",
+                 "train.max_steps=16", code=2)  # fmt: skip
     # Every rank finds it (each may print its one line before torchrun stops the other).
     lines = [x for x in err.splitlines() if "the frozen parameters differ" in x]
     assert lines and all("checkpoint.resume=never" in x for x in lines), err[-3000:]
@@ -122,23 +122,20 @@ def test_a_lora_run_saves_no_frozen_base_resumes_bitwise_and_exports_its_adapter
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    "layout",
-    [
-        pytest.param(["train.strategy=ddp", "checkpoint.sharded=false"], id="ddp"),
-        pytest.param(["model.hidden=256", "train.quantize_base=nf4"], id="fsdp-qlora"),
-    ],
-)
-def test_ddp_and_qlora_runs_killed_with_9_resume_bitwise(tmp_path: Path, layout: list[str]) -> None:
-    """Killed with -9 after step 10, restarted by torchrun, resumed from step 8 with the base
-    read again: the same adapters after step 10, bit for bit, and checkpoints of adapters only.
-    DDP: full checkpoints (FSDP's sharded ones: the test above). QLoRA
-    (train.quantize_base=nf4, FSDP): each frozen Linear weight quantized whole by torchao and cut
-    into NF4 shards, gathered in 4 bits; the example's check reloads the adapters with peft onto
-    the base quantized whole in one process: the same logits show that the shards kept the
-    tensor's one scale mean."""
+def test_a_qlora_run_holds_its_base_in_nf4_shards_resumes_bitwise_and_exports(
+    tmp_path: Path,
+) -> None:
+    """train.quantize_base=nf4 under FSDP: each frozen Linear weight quantized whole by torchao
+    and cut into NF4 shards, gathered in 4 bits. Killed with -9 after step 10, restarted by
+    torchrun, resumed from step 8 with the base read and quantized again: the same adapters,
+    bit for bit. The example's check reloads the adapters with peft onto the base quantized
+    whole in one process: the same logits show that the shards kept the tensor's one scale
+    mean. The adapters exported from the sharded checkpoint are the live ones."""
     need(importlib.util.find_spec("peft") is not None, "peft (pip install 'phalanx[lora]')")
-    if "train.quantize_base=nf4" in layout:
-        need(importlib.util.find_spec("torchao") is not None, "torchao ('phalanx[fp8]')")
+    need(importlib.util.find_spec("torchao") is not None, "torchao ('phalanx[fp8]')")
     run_dir = tmp_path / "run"
-    resumed_bitwise(launch(KILLED, run_dir, *layout, restarts=1), run_dir, from_step=8)
+    out = launch(KILLED, run_dir, "model.hidden=256", "train.quantize_base=nf4", restarts=1)
+    resumed_bitwise(out, run_dir, from_step=8)
+    assert "exported" in export(run_dir, tmp_path / "adapters", "--format", "peft")
+    live, exported = tensors(run_dir / "adapters"), tensors(tmp_path / "adapters")
+    assert exported.keys() == live.keys() and all(torch.equal(exported[k], live[k]) for k in live)
