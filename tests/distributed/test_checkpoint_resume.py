@@ -26,9 +26,9 @@ pytestmark = pytest.mark.dist
 @pytest.mark.timeout(400)
 def test_kill_9_then_resume_is_bitwise_equal(tmp_path: Path, dropout_reference: Path) -> None:
     # Dropout draws from the ranks' RNG streams: bitwise equality needs them restored too.
-    # The same kill and resume with full checkpoints (the default) is test_hang.py's
-    # test_restart_after_a_failure_resumes_bitwise[kill-9], with these checks after torchrun's
-    # restart; a fresh `phalanx run` resuming full checkpoints is the corrupt-checkpoint test's.
+    # The same kill with full checkpoints (the default), restarted by torchrun: the LoRA run
+    # under DDP in test_adapters.py; a fresh `phalanx run` resuming full checkpoints is the
+    # corrupt-checkpoint test's.
     run_dir = tmp_path / "run"
     form = "checkpoint.sharded=true"
     code, _ = launch(run_dir, "model.dropout=0.1", "fail.kill_at_step=7", form)

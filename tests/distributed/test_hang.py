@@ -185,23 +185,18 @@ def watch_with_top(run_dir: Path, launcher: subprocess.Popen[bytes], name: str) 
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    "fault",
-    # 8 s: above the restarted workers' first batch on a loaded 2-core machine.
-    [("fail.hang_at_step=6", "train.hang_timeout_s=8"), ("fail.kill_at_step=7",)],
-    ids=["hang", "kill-9"],
-)
-def test_restart_after_a_failure_resumes_bitwise(
-    tmp_path: Path, dropout_reference: Path, fault: tuple[str, ...]
-) -> None:
-    # Fail fast, then recover: the hang stops every rank (exit 3) or rank 0 dies; torchrun
-    # restarts the workers once and they resume from step-4 to the same final weights as a run
-    # that never failed. The restarted ranks join through a store prefix of their own attempt.
+def test_restart_after_a_hang_resumes_bitwise(tmp_path: Path, dropout_reference: Path) -> None:
+    # Fail fast, then recover: the hang stops every rank (exit 3); torchrun restarts the workers
+    # once and they resume from step-4 to the same final weights as a run that never failed.
+    # The restarted ranks join through a store prefix of their own attempt. A kill -9 restarted
+    # by torchrun: tests/distributed/test_adapters.py (the LoRA runs, bit for bit) and
+    # test_checkpoint_resume.py (a kill -9 with dropout, relaunched).
     run_dir = tmp_path / "run"
+    # 8 s: above the restarted workers' first batch on a loaded 2-core machine.
+    fault = ("fail.hang_at_step=6", "train.hang_timeout_s=8")
     code, err = launch(run_dir, "model.dropout=0.1", *fault, run_args=("--max-restarts", "1"))
     assert code == 0, err
-    hung = "fail.hang_at_step=6" in fault
-    assert len(list((run_dir / "diagnostics").glob("hang-*.txt"))) == int(hung)
+    assert len(list((run_dir / "diagnostics").glob("hang-*.txt"))) == 1
     assert (run_dir / "starts-rank-0.txt").read_text().split() == ["1", "5"]
     assert_same_training(run_dir, dropout_reference)
 
