@@ -106,6 +106,8 @@ def test_what_cannot_run_is_refused_in_one_line(setting: dict[str, Any], message
         check_quantize_base("nf4", **(given | setting))
     assert "\n" not in str(raised.value)
     check_quantize_base("nf4", **given)  # what runs
+    with pytest.raises(UsageError, match=r"train.quantize_base='int4' is not one of: none, nf4"):
+        check_quantize_base("int4", **given)  # WrapOptions(quantize_base=...) from Python
     check_quantize_base("none", **(given | setting))  # off: nothing to refuse
 
 

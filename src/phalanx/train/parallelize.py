@@ -90,6 +90,7 @@ class WrapOptions:
     """precision=fp8: which Linear layers run in float8 (phalanx.train.float8); None: all but
     the vocabulary projection."""
     quantize_base: str = "none"
+    """nf4: the frozen Linear weights in torchao's NF4 (phalanx.train.quantize_base)."""
 
     def __post_init__(self) -> None:
         checkpoint_every(self.activation_checkpointing)

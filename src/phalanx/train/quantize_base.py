@@ -36,6 +36,8 @@ def check_quantize_base(
     """One line where train.quantize_base cannot run as configured; before any work."""
     if mode == "none":
         return
+    if mode != "nf4":
+        raise UsageError(f"train.quantize_base={mode!r} is not one of: none, nf4")
     if importlib.util.find_spec("torchao") is None:
         raise UsageError(
             "train.quantize_base=nf4 needs torchao: pip install 'phalanx[fp8]' (or torchao), "
