@@ -18,8 +18,10 @@ MLP (`--width`), 1 rank on each of 2 nodes (gloo), synchronous full checkpoints.
 Per failure: restart (the kill to the new worker's start: torchrun notices, stops the node's
 other workers, the rendezvous, or the requeue and the job's new start), imports, process
 group, build + checkpoint load, first step, and the recomputed steps (the steps done since the
-checkpoint resumed from, at the median step time). Effective training time: --steps times the
-median step time over the wall time from the batch script's first start to the last step.
+checkpoint resumed from, at the mean step time). Effective training time: the useful time,
+--steps times the mean step time (steps whose time holds no save), over the wall time from the
+batch script's first start to the last step; the rest is the cold start, the failures, and the
+saves with whatever else slowed steps ("saves_and_other_s").
 Needs root and the SLURM daemons (as the suite's cluster layer does); `--smoke` a short run.
 """
 
@@ -34,6 +36,7 @@ import itertools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
 import shlex  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
@@ -208,8 +211,7 @@ def account(folder: Path, run_dir: Path, kills: list[dict[str, Any]], steps: int
     lines = (x.split() for x in (run_dir / "steps.txt").read_text().splitlines())
     done = [(float(x[0]), float(x[1])) for x in lines if len(x) == 2]  # a killed rank's last
     # line may be cut short
-    gaps = [b[1] - a[1] for a, b in itertools.pairwise(done) if b[0] == a[0] + 1]
-    step_s = statistics.median(gaps)
+    step_s = clean_step_s(done, saved_steps(folder), {a["first_step_done"] for a in attempts})
     started = float((folder / "script_starts").read_text().split()[0])
     wall = done[-1][1] - started
     per_failure = []
@@ -234,11 +236,26 @@ def account(folder: Path, run_dir: Path, kills: list[dict[str, Any]], steps: int
     return {
         "effective": steps * step_s / wall, "wall_s": wall, "useful_s": steps * step_s,
         "step_s": step_s, "failures": len(kills), "failure_lost_s": sum(lost),
+        "saves": len(saved_steps(folder)),
         "cold_start_s": cold, "saves_and_other_s": wall - steps * step_s - sum(lost) - cold,
         "per_failure": per_failure, "auto_lines": auto_lines(folder),
         "failures_recorded": failures_seen(read_records(run_dir / "diagnostics" / ATTEMPTS),
                                            time.time())[0],
     }  # fmt: skip
+
+
+def clean_step_s(done: list[tuple[float, float]], saved: set[int], firsts: set[float]) -> float:
+    """The mean time of a training step: consecutive steps, neither one's gap holding a save
+    (whichever side of the step's end it falls) nor an attempt's start."""
+    gaps = [b[1] - a[1] for a, b in itertools.pairwise(done)
+            if b[0] == a[0] + 1 and not {b[0], a[0]} & saved and b[1] not in firsts]  # fmt: skip
+    return statistics.fmean(gaps)
+
+
+def saved_steps(folder: Path) -> set[int]:
+    """The steps a checkpoint was written at, as the job logged them."""
+    text = "".join(p.read_text() for p in folder.glob("job.*"))
+    return {int(x) for x in re.findall(r"checkpoint step (\d+) written", text)}
 
 
 def auto_lines(folder: Path) -> list[str]:
