@@ -10,19 +10,22 @@ restarts the workers of every node in the job) or `requeue` (no in-job restart: 
 fails and the batch script requeues the job, `srun ... || scontrol requeue`); interval a fixed
 `checkpoint.every_steps` or `auto` (Young's interval from the measured save cost and `--mtbf`).
 Every policy meets the same failures: the gaps between them are drawn once (exponential, mean
---mtbf, seeded) and each is counted from the previous failure (the first from the first step);
-a failure due while no worker is up (during a recovery) waits for the next worker to come up.
-The killed rank is drawn from the same seeded sequence. The job: `--steps` steps of a 4-layer
-MLP (`--width`), 1 rank on each of 2 nodes (gloo), synchronous full checkpoints.
+--mtbf, seeded), and each runs from the first step of the attempt the previous failure left
+(the first from the job's first step): the clock stops while the job recovers, as failures
+interrupt work in Young's model. The killed rank is drawn from the same seeded sequence. The
+job: `--steps` steps of a 4-layer MLP (`--width`), 1 rank on each of 2 nodes (gloo),
+synchronous full checkpoints.
 
 Per failure: restart (the kill to the new worker's start: torchrun notices, stops the node's
 other workers, the rendezvous, or the requeue and the job's new start), imports, process
-group, build + checkpoint load, first step, and the recomputed steps (the steps done since the
-checkpoint resumed from, at the mean step time). Effective training time: the useful time,
---steps times the mean step time (steps whose time holds no save), over the wall time from the
-batch script's first start to the last step; the rest is the cold start, the failures, and the
-saves with whatever else slowed steps ("saves_and_other_s").
-Needs root and the SLURM daemons (as the suite's cluster layer does); `--smoke` a short run.
+group, build + checkpoint load, first step, and the recomputed steps (the killed attempt's
+steps since the checkpoint resumed from, at the mean step time, less the first: timed above).
+Effective training time: the useful time, --steps times the mean step time (steps whose time
+holds no save), over the wall time from the batch script's first start to the last step; the
+rest is the cold start, the failures, and the saves with whatever else slowed steps
+("saves_and_other_s": what is left, so within the noise of the step time it can be negative).
+Needs root and the SLURM daemons (as the suite's cluster layer does). `--smoke`: a short run,
+rank 1 killed half a second into its attempt twice under restart:auto, once under requeue:auto.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import time
 T0 = time.time()  # a worker's start, before the heavy imports
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -75,6 +79,8 @@ def main() -> None:
     rng = random.Random(args.seed)
     failures = [(rng.expovariate(1 / args.mtbf), rng.randrange(2))
                 for _ in range(args.max_failures)]  # fmt: skip
+    if args.smoke:  # fixed, so that a fast machine cannot finish before the first one
+        failures = [(0.5, 1), (0.5, 1)]
     samples: dict[str, list[dict[str, Any]]] = {p: [] for p in args.policies}
     given = args.slurm_state is not None  # the suite's running cluster, else one of our own
     cluster = SlurmCluster(Path(args.slurm_state)) if given else SlurmCluster.create().start()
@@ -107,7 +113,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", default=str(HERE / "results" / "goodput.json"))
     args = parser.parse_args()
     if args.smoke:  # a few seconds of training, two failures (one for the slow requeue)
-        args.steps, args.mtbf, args.max_failures, args.width = 1500, 1.0, 2, 64
+        args.steps, args.width = 1500, 64
         args.policies = "restart:auto,requeue:auto"
     args.policies = args.policies.split(",")
     for policy in args.policies:
@@ -124,7 +130,8 @@ def run_policy(cluster: Any, args: argparse.Namespace, policy: str,
     folder = Path(tempfile.mkdtemp(prefix="goodput-bench-"))
     run_dir = folder / "run"
     job = cluster.sbatch(job_script(args, policy, folder, run_dir), "--nodes=2",
-                         "--ntasks-per-node=1")  # fmt: skip
+                         "--ntasks-per-node=1", f"--output={folder}/job.out",
+                         f"--error={folder}/job.err")  # fmt: skip
     try:
         budget = failures[:1] if policy.startswith("requeue") and args.smoke else failures
         kills = inject(cluster, job, run_dir, budget, deadline=time.monotonic() + 3600)
@@ -145,8 +152,6 @@ def job_script(args: argparse.Namespace, policy: str, folder: Path, run_dir: Pat
     requeue = " || scontrol requeue $SLURM_JOB_ID" if recovery == "requeue" else ""
     return "\n".join((
         "#!/bin/bash",
-        f"#SBATCH --output={folder}/job.out",
-        f"#SBATCH --error={folder}/job.err",
         "#SBATCH --time=120",
         "#SBATCH --requeue",
         "#SBATCH --open-mode=append",
@@ -162,47 +167,47 @@ def job_script(args: argparse.Namespace, policy: str, folder: Path, run_dir: Pat
 def inject(cluster: Any, job: str, run_dir: Path, failures: list[tuple[float, int]],
            *, deadline: float) -> list[dict[str, Any]]:  # fmt: skip
     """Kill ranks on the failure schedule until the job ends; each kill's time and rank. Each gap
-    runs from the moment the attempt after the previous failure trains: failures interrupt
+    runs from the first step of the attempt after the previous failure: failures interrupt
     work (Young's model), none is injected while the job recovers."""
+    from tests.support.slurm_cluster import TERMINAL_STATES
+
     kills: list[dict[str, Any]] = []
     pending = iter([*failures, (float("inf"), 0)])  # after the last one: none
     gap, rank = next(pending)
-    up: float | None = None  # when the current attempt's target rank was first seen training
     polled = 0.0
     while time.monotonic() < deadline:
         if time.monotonic() - polled > 1.0:  # scontrol costs a process: once a second
             polled = time.monotonic()
             state = cluster.job(job).get("JobState", "")
-            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
-                assert state == "COMPLETED", f"job {job} ended {state}"
+            if state in TERMINAL_STATES:
+                if state != "COMPLETED":
+                    raise RuntimeError(f"job {job} ended {state}")
                 return kills
-        pid = live_worker(run_dir, rank, after=kills[-1]["time"] if kills else 0.0)
-        if pid is not None and up is None:
-            up = time.time()
-        if pid is not None and up is not None and time.time() >= up + gap:
-            if (run_dir / "trained").exists():  # the last step is done: nothing left to lose
-                up = float("inf")
-                continue
-            os.kill(pid, signal.SIGKILL)
+        up = live_worker(run_dir, rank, after=kills[-1]["time"] if kills else 0.0)
+        # After the last step a kill would cost no training: the schedule ends there.
+        if up is not None and time.time() >= up[1] + gap and not (run_dir / "trained").exists():
             kills.append({"time": time.time(), "rank": rank})
-            (gap, rank), up = next(pending), None
+            with contextlib.suppress(ProcessLookupError):  # it died on its own meanwhile
+                os.kill(up[0], signal.SIGKILL)
+            gap, rank = next(pending)
         time.sleep(0.02)  # the injector's clock tick
-    raise AssertionError(f"job {job} did not complete before the deadline: {cluster.job(job)}")
+    raise RuntimeError(f"job {job} did not complete before the deadline: {cluster.job(job)}")
 
 
-def live_worker(run_dir: Path, rank: int, *, after: float) -> int | None:
-    """The PID of `rank`'s worker once it trains in an attempt started after the last failure
-    (`after`); None while the job recovers (the old attempt's survivors are not yet stopped, and
-    a second kill of that attempt would not be a second failure)."""
+def live_worker(run_dir: Path, rank: int, *, after: float) -> tuple[int, float] | None:
+    """(PID, time of its first step) of `rank`'s worker in an attempt that trained after the
+    last failure (`after`); None while the job recovers (the old attempt's survivors are not yet
+    stopped, and a second kill of that attempt would not be a second failure)."""
     path = run_dir / "pids" / f"rank-{rank}"
     try:
-        if path.stat().st_mtime <= after:
+        written = path.stat().st_mtime
+        if written <= after:
             return None
         pid = int(path.read_text())
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return None
-    return pid if stat.rpartition(")")[2].split()[0] not in "ZX" else None
+    return (pid, written) if stat.rpartition(")")[2].split()[0] not in "ZX" else None
 
 
 def account(folder: Path, run_dir: Path, kills: list[dict[str, Any]], steps: int) -> dict:
@@ -215,12 +220,10 @@ def account(folder: Path, run_dir: Path, kills: list[dict[str, Any]], steps: int
     started = float((folder / "script_starts").read_text().split()[0])
     wall = done[-1][1] - started
     per_failure = []
-    for kill in kills:
-        later = [a for a in attempts if a["start"] > kill["time"]]
-        if not later:  # killed after its last step, before it knew: no step to resume
-            continue
-        after = min(later, key=lambda a: a["start"])
-        last = max(s for s, t in done if t < kill["time"])
+    for before, kill in zip([0.0, *(k["time"] for k in kills)], kills, strict=False):
+        after = min((a for a in attempts if a["start"] > kill["time"]), key=lambda a: a["start"])
+        # The killed attempt's last step (every attempt that is killed has stepped: see inject).
+        last = max(s for s, t in done if before < t < kill["time"])
         redone = int(last) - (after["first_step"] - 1)
         per_failure.append({
             "restart_s": after["start"] - kill["time"],
@@ -228,7 +231,9 @@ def account(folder: Path, run_dir: Path, kills: list[dict[str, Any]], steps: int
             "process_group_s": after["distributed"] - after["imported"],
             "build_resume_s": after["train_start"] - after["distributed"],
             "first_step_s": after["first_step_done"] - after["train_start"],
-            "recomputed_steps": redone, "recomputed_s": redone * step_s,
+            # The first of them is timed as first_step_s.
+            "recomputed_steps": redone, "recomputed_s": max(redone - 1, 0) * step_s,
+            "resumed_from": after["first_step"] - 1,
         })  # fmt: skip
     lost = [sum(f[k] for k in PHASES) for f in per_failure]
     first = min(attempts, key=lambda a: a["start"])
@@ -336,26 +341,25 @@ class Marks(phalanx.Callback):
 
     def on_train_start(self, trainer: phalanx.Trainer) -> None:
         self.marks["train_start"] = time.time()
-        pids = self.run_dir / "pids"
-        pids.mkdir(exist_ok=True)
-        (pids / f"rank-{trainer.env.rank}.tmp").write_text(str(os.getpid()))
-        (pids / f"rank-{trainer.env.rank}.tmp").replace(pids / f"rank-{trainer.env.rank}")
         if trainer.env.rank == 0:
             self.steps = (self.run_dir / "steps.txt").open("a", buffering=1)
 
-    def on_train_end(self, trainer: phalanx.Trainer) -> None:
-        if self.steps is not None and trainer.state.step == trainer.config.train.max_steps:
-            (self.run_dir / "trained").touch()
-
     def on_step_end(self, trainer: phalanx.Trainer) -> None:
+        if "first_step" not in self.marks:  # marks first, then the PID the injector reads, so
+            # that every attempt it kills has its marks (and has stepped)
+            self.marks |= {"first_step_done": time.time(), "first_step": trainer.state.step}
+            if self.steps is not None:
+                with (self.run_dir / "marks.jsonl").open("a") as out:
+                    out.write(json.dumps(self.marks) + "\n")
+            pids, rank = self.run_dir / "pids", trainer.env.rank
+            pids.mkdir(exist_ok=True)
+            (pids / f"rank-{rank}.tmp").write_text(str(os.getpid()))
+            (pids / f"rank-{rank}.tmp").replace(pids / f"rank-{rank}")
         if self.steps is None:
             return
-        now = time.time()
-        self.steps.write(f"{trainer.state.step} {now}\n")
-        if "first_step" not in self.marks:
-            self.marks |= {"first_step_done": now, "first_step": trainer.state.step}
-            with (self.run_dir / "marks.jsonl").open("a") as out:
-                out.write(json.dumps(self.marks) + "\n")
+        self.steps.write(f"{trainer.state.step} {time.time()}\n")
+        if trainer.state.step == trainer.config.train.max_steps:  # before the final save
+            (self.run_dir / "trained").touch()
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ def test_goodput_smoke_accounts_for_every_failure(slurm: SlurmCluster, tmp_path:
         for failure in sample["per_failure"]:
             assert all(failure[k] >= 0 for k in failure), failure
             assert failure["restart_s"] > 0 and failure["imports_s"] > 0, failure
-        parts = sample["failure_lost_s"] + sample["cold_start_s"] + sample["saves_and_other_s"]
-        assert parts + sample["useful_s"] == pytest.approx(sample["wall_s"]), sample
-        assert sample["auto_lines"], sample  # auto announced its interval
+            # Killed half a second into an attempt, after auto's first save: it resumed from
+            # a checkpoint, not from the start.
+            assert failure["resumed_from"] >= 1, failure
+        assert sample["failure_lost_s"] < sample["wall_s"] - sample["useful_s"], sample
+        assert sample["saves"] >= 1 and sample["auto_lines"], sample  # auto saved and said so
