@@ -216,7 +216,8 @@ def account(folder: Path, run_dir: Path, kills: list[dict[str, Any]], steps: int
     lines = (x.split() for x in (run_dir / "steps.txt").read_text().splitlines())
     done = [(float(x[0]), float(x[1])) for x in lines if len(x) == 2]  # a killed rank's last
     # line may be cut short
-    step_s = clean_step_s(done, saved_steps(folder), {a["first_step_done"] for a in attempts})
+    saved = saved_steps(folder)
+    step_s = clean_step_s(done, saved, {a["first_step_done"] for a in attempts})
     started = float((folder / "script_starts").read_text().split()[0])
     wall = done[-1][1] - started
     per_failure = []
@@ -241,7 +242,7 @@ def account(folder: Path, run_dir: Path, kills: list[dict[str, Any]], steps: int
     return {
         "effective": steps * step_s / wall, "wall_s": wall, "useful_s": steps * step_s,
         "step_s": step_s, "failures": len(kills), "failure_lost_s": sum(lost),
-        "saves": len(saved_steps(folder)),
+        "saves": len(saved),
         "cold_start_s": cold, "saves_and_other_s": wall - steps * step_s - sum(lost) - cold,
         "per_failure": per_failure, "auto_lines": auto_lines(folder),
         "failures_recorded": failures_seen(read_records(run_dir / "diagnostics" / ATTEMPTS),
